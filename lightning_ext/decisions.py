@@ -1,0 +1,394 @@
+"""The cross-rank decisions of ``ModelCheckpoint`` (save a top-k checkpoint?) and ``EarlyStopping`` (stop?).
+
+The callbacks' seams call :func:`save_topk_checkpoint` and :func:`run_early_stopping_check` when the strategy carries
+a policy (``strategy.checkpoint_policy`` / ``strategy.early_stopping_policy``); they return whether they handled the
+call, and where they did not, the stock method runs. Each decision costs one collective
+(:mod:`lightning_ext._collective`), made by every rank whether or not it has the metric, so a metric missing on some
+ranks becomes the same error on every rank instead of a deadlock.
+
+* Vote policies: each rank decides on its own exactly as stock Lightning does on that rank (the callback's own
+  ``check_monitor_top_k`` / ``_evaluate_stopping_criteria`` on its local value and its own recorded scores); the
+  policy turns the tally into one decision. For checkpoints, each rank keeps the top-k that stock Lightning would
+  keep on it (:class:`_LocalTopK`: its own scores, its own evictions) to vote with, while the callback's visible
+  state (file names, paths, scores) is rank 0's bookkeeping, the one stock Lightning writes to disk, mirrored on
+  every rank. A non-finite local value always votes against saving a checkpoint.
+* Aggregate policies: the value is reduced first; the callback's stock comparison then runs once on the agreed
+  value, which is what gets recorded, identically on every rank. A non-finite agreed value never saves.
+* ``EarlyStopping(check_finite=True)``: a non-finite value on any rank stops every rank, whatever the policy.
+"""
+
+import math
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Callable, NoReturn, Optional
+
+import torch
+from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+from lightning.pytorch.callbacks.early_stopping import EarlyStoppingReason
+from lightning.pytorch.utilities.rank_zero import rank_zero_info
+from torch import Tensor
+
+from lightning_ext._collective import RankGroup, all_gather_objects, all_reduce_row
+from lightning_ext._exchange import Agreement, Layout, Observation, pack, unpack
+from lightning_ext.errors import LocalDecisionError, MonitorMissingError
+from lightning_ext.policies import AggregatePolicy, DecisionPolicy, VotePolicy, VoteTally
+
+__all__ = [
+    "StopDecision",
+    "TopKDecision",
+    "decide_early_stop",
+    "decide_top_k",
+    "run_early_stopping_check",
+    "save_topk_checkpoint",
+]
+
+_TEMPLATE_KEY = re.compile(r"(\{.*?)[:\}]")  # the pattern ModelCheckpoint uses to find metrics in a file name
+_TRAINER_KEYS = frozenset({"epoch", "step"})  # filled from the trainer, identical on every rank
+_LOCAL_TOP_K = "_lightning_ext_local_top_k"
+
+
+@dataclass(frozen=True)
+class TopKDecision:
+    """The agreed outcome of one top-k decision (identical on every rank, but for ``score`` under vote policies).
+
+    Attributes:
+        save: whether every rank saves a new top-k checkpoint.
+        score: the value every rank records for it: the agreed value (aggregate) or rank 0's value (vote).
+        names: metric values to format file names with, identical on every rank (``None``: rank 0 lacks it).
+        local_score: this rank's own value, for its own top-k (vote policies; ``None`` otherwise).
+
+    """
+
+    save: bool
+    score: Tensor
+    names: dict[str, Optional[Tensor]]
+    local_score: Optional[Tensor] = None
+
+
+@dataclass(frozen=True)
+class StopDecision:
+    """The agreed outcome of one early-stopping check.
+
+    Attributes:
+        stop: whether every rank stops.
+        reason: the message explaining this rank's outcome, if any.
+
+    """
+
+    stop: bool
+    reason: Optional[str]
+
+
+def save_topk_checkpoint(callback: ModelCheckpoint, trainer: Any, monitor_candidates: dict[str, Tensor]) -> bool:
+    """``ModelCheckpoint._save_topk_checkpoint`` under ``trainer.strategy.checkpoint_policy``.
+
+    Returns:
+        ``True`` if it handled the call; ``False`` if the stock method must run instead (nothing to decide, or the
+        metric is missing on every rank: then the stock error or warning is the same on every rank, and the stock
+        path makes no collective).
+
+    """
+    if callback.save_top_k == 0 or callback.monitor is None:
+        return False
+    policy: DecisionPolicy = trainer.strategy.checkpoint_policy
+    decision = decide_top_k(RankGroup.from_strategy(trainer.strategy), policy, callback, trainer, monitor_candidates)
+    if decision is None:
+        return False
+    for key, value in decision.names.items():
+        if value is None:
+            monitor_candidates.pop(key, None)
+        else:
+            monitor_candidates[key] = value
+    if decision.save:
+        local_view = None if decision.local_score is None else _LocalTopK.of(callback)  # before the state changes
+        callback._update_best_and_save(decision.score, trainer, monitor_candidates)
+        if local_view is not None and decision.local_score is not None:
+            local_view.record(callback, decision.local_score)
+    elif callback.verbose:
+        epoch, step = monitor_candidates["epoch"], monitor_candidates["step"]
+        rank_zero_info(
+            f"Epoch {epoch:d}, global step {step:d}: {callback.monitor!r} was not in top {callback.save_top_k}"
+        )
+    return True
+
+
+def run_early_stopping_check(callback: EarlyStopping, trainer: Any) -> bool:
+    """``EarlyStopping._run_early_stopping_check`` under ``trainer.strategy.early_stopping_policy``.
+
+    Returns:
+        ``True`` if it handled the call; ``False`` if the stock method must run instead (``fast_dev_run``, or the
+        metric is missing on every rank: the stock error or warning, with no collective).
+
+    """
+    if trainer.fast_dev_run:
+        return False
+    logs = trainer.callback_metrics
+    policy: DecisionPolicy = trainer.strategy.early_stopping_policy
+    decision = decide_early_stop(RankGroup.from_strategy(trainer.strategy), policy, callback, logs)
+    if decision is None:
+        return False
+    trainer.should_stop = trainer.should_stop or decision.stop
+    if decision.stop:
+        callback.stopped_epoch = trainer.current_epoch
+        callback.stopping_reason_message = decision.reason
+    if decision.reason and callback.verbose:
+        callback._log_info(trainer, decision.reason, callback.log_rank_zero_only)
+    return True
+
+
+def decide_top_k(
+    ranks: RankGroup,
+    policy: DecisionPolicy,
+    callback: ModelCheckpoint,
+    trainer: Any,
+    monitor_candidates: dict[str, Tensor],
+) -> Optional[TopKDecision]:
+    """Agree whether to save a new top-k checkpoint; ``None`` if the metric is missing on every rank.
+
+    Raises:
+        MonitorMissingError: on every rank, if the metric is missing on some ranks only.
+        LocalDecisionError: on every rank, if some rank could not make its local decision.
+
+    """
+    monitor = callback.monitor
+    assert monitor is not None
+    current = monitor_candidates.get(monitor)
+    extra_keys = tuple(sorted(_template_keys(callback) - _TRAINER_KEYS - {monitor}))
+    is_vote = isinstance(policy, VotePolicy)
+
+    failure: Optional[BaseException] = None
+    value: Optional[float] = None
+    vote = False
+    extras: tuple[Optional[float], ...] = ()
+    try:
+        extras = tuple(float(monitor_candidates[k]) if k in monitor_candidates else None for k in extra_keys)
+        if current is not None:
+            value = float(current)
+            if is_vote:
+                with _LocalTopK.of(callback).installed(callback), _local_decisions(trainer.strategy):
+                    local = callback.check_monitor_top_k(trainer, current)
+                vote = _as_vote(local, f"{type(callback).__name__}.check_monitor_top_k") and math.isfinite(value)
+    except Exception as exc:  # reported on every rank after the exchange, so no rank is left waiting
+        failure, extras = exc, (None,) * len(extra_keys)
+
+    layout = Layout(_layout_kind(policy), ranks.world_size, with_reference=is_vote, extras=len(extra_keys))
+    agreement = _agree(ranks, layout, Observation(value, vote, extras, failure is not None), failure, callback)
+    if agreement.presence == "none":
+        return None
+    assert current is not None
+
+    names: dict[str, Optional[Tensor]] = {
+        key: None if extra is None else torch.tensor(extra, dtype=torch.float64)
+        for key, extra in zip(extra_keys, agreement.extras)
+    }
+    if isinstance(policy, VotePolicy):
+        save = _decide(policy, VoteTally(agreement.yes, ranks.world_size, agreement.rank_zero_vote))
+        rank_zero = torch.tensor(agreement.value, dtype=current.dtype, device=current.device)
+        names[monitor] = rank_zero
+        return TopKDecision(save=save, score=rank_zero, names=names, local_score=current)
+
+    agreed = torch.tensor(agreement.value, dtype=current.dtype, device=current.device)
+    with _local_decisions(trainer.strategy):
+        local = callback.check_monitor_top_k(trainer, agreed)
+    save = _as_vote(local, f"{type(callback).__name__}.check_monitor_top_k") and bool(torch.isfinite(agreed))
+    names[monitor] = agreed
+    return TopKDecision(save=save, score=agreed, names=names)
+
+
+def decide_early_stop(
+    ranks: RankGroup, policy: DecisionPolicy, callback: EarlyStopping, logs: dict[str, Tensor]
+) -> Optional[StopDecision]:
+    """Agree whether to stop; updates the callback's own state; ``None`` if the metric is missing on every rank.
+
+    Raises:
+        MonitorMissingError: on every rank, if the metric is missing on some ranks only.
+        LocalDecisionError: on every rank, if some rank could not make its local decision.
+
+    """
+    current = logs.get(callback.monitor)
+    failure: Optional[BaseException] = None
+    value: Optional[float] = None
+    vote = False
+    reason: Optional[str] = None
+    try:
+        if current is not None:
+            current = current.squeeze()
+            value = float(current)
+            if isinstance(policy, VotePolicy):
+                should_stop, reason = callback._evaluate_stopping_criteria(current)
+                vote = _as_vote(should_stop, f"{type(callback).__name__}._evaluate_stopping_criteria")
+    except Exception as exc:  # reported on every rank after the exchange
+        failure = exc
+
+    layout = Layout(_layout_kind(policy), ranks.world_size)
+    agreement = _agree(ranks, layout, Observation(value, vote, (), failure is not None), failure, callback)
+    if agreement.presence == "none":
+        return None
+    assert current is not None
+    nonfinite_stop = callback.check_finite and agreement.nonfinite
+    nonfinite_reason = (
+        f"Monitored metric {callback.monitor} is not finite on at least one rank. Signaling every rank to stop."
+    )
+
+    if isinstance(policy, VotePolicy):
+        tally = VoteTally(agreement.yes, ranks.world_size, agreement.rank_zero_vote)
+        stop = _decide(policy, tally)
+        if stop and not vote:
+            reason = f"{tally.yes} of {tally.world_size} rank(s) asked to stop; policy {policy!r} stops every rank."
+        if nonfinite_stop and not vote:
+            stop, reason = True, nonfinite_reason
+        return StopDecision(stop=stop, reason=reason)
+
+    agreed = torch.tensor(agreement.value, dtype=current.dtype, device=current.device)
+    should_stop, reason = callback._evaluate_stopping_criteria(agreed)
+    stop = _as_vote(should_stop, f"{type(callback).__name__}._evaluate_stopping_criteria")
+    if nonfinite_stop and not stop:
+        callback.stopping_reason = EarlyStoppingReason.NON_FINITE_METRIC
+        stop, reason = True, nonfinite_reason
+    return StopDecision(stop=stop, reason=reason)
+
+
+def _layout_kind(policy: DecisionPolicy) -> Any:
+    if isinstance(policy, AggregatePolicy):
+        return policy.reduction
+    if isinstance(policy, VotePolicy):
+        return "vote"
+    raise TypeError(f"{policy!r} is neither a VotePolicy nor an AggregatePolicy")
+
+
+def _agree(
+    ranks: RankGroup, layout: Layout, observation: Observation, failure: Optional[BaseException], callback: Any
+) -> Agreement:
+    """The one exchange of a decision, and the errors every rank raises together."""
+    agreement = unpack(layout, all_reduce_row(pack(layout, observation, rank=ranks.rank), layout, ranks))
+    if agreement.failed:
+        _raise_failure(ranks, failure, callback)
+    if agreement.presence == "mixed":
+        _raise_missing(ranks, observation.value is not None, callback)
+    return agreement
+
+
+def _raise_failure(ranks: RankGroup, failure: Optional[BaseException], callback: Any) -> NoReturn:
+    local = None if failure is None else f"{type(failure).__name__}: {failure}"
+    reports = all_gather_objects(local, ranks)
+    details = "; ".join(f"rank {rank}: {report}" for rank, report in enumerate(reports) if report is not None)
+    message = f"{_describe(callback)} could not make its cross-rank decision. {details}"
+    raise LocalDecisionError(message) from failure
+
+
+def _raise_missing(ranks: RankGroup, present: bool, callback: Any) -> NoReturn:
+    presence = all_gather_objects(present, ranks)
+    missing = [rank for rank, has in enumerate(presence) if not has]
+    having = [rank for rank, has in enumerate(presence) if has]
+    raise MonitorMissingError(
+        f"{_describe(callback)}: the monitored metric {callback.monitor!r} is missing on rank(s) {missing} but logged"
+        f" on rank(s) {having} (world size {ranks.world_size}). Every rank must log it at the same point: do not log"
+        " it only under `if self.trainer.is_global_zero:` or with `rank_zero_only=True`."
+    )
+
+
+def _describe(callback: Any) -> str:
+    return f"{type(callback).__name__}(monitor={callback.monitor!r})"
+
+
+def _decide(policy: VotePolicy, tally: VoteTally) -> bool:
+    decision = policy.decide(tally)
+    if not isinstance(decision, bool):
+        raise TypeError(
+            f"{policy!r}.decide({tally}) returned {decision!r} of type {type(decision).__name__}; a decision policy"
+            " must return a bool"
+        )
+    return decision
+
+
+def _as_vote(decision: Any, source: str) -> bool:
+    if isinstance(decision, bool):
+        return decision
+    if isinstance(decision, Tensor) and decision.numel() == 1:
+        return bool(decision)
+    raise TypeError(f"{source} returned {decision!r} of type {type(decision).__name__}; a decision must be a bool")
+
+
+@contextmanager
+def _local_decisions(strategy: Any) -> Iterator[None]:
+    """Within the block, ``strategy.reduce_boolean_decision`` returns this rank's own decision (no collective)."""
+    previous = strategy.__dict__.get("reduce_boolean_decision")
+    local: Callable[..., Any] = lambda decision, all=True: decision  # noqa: E731, A002
+    strategy.reduce_boolean_decision = local
+    try:
+        yield
+    finally:
+        if previous is None:
+            del strategy.reduce_boolean_decision
+        else:
+            strategy.reduce_boolean_decision = previous
+
+
+def _template_keys(callback: ModelCheckpoint) -> set[str]:
+    keys: set[str] = set()
+    for template in (callback.filename or "{epoch}-{step}", callback.CHECKPOINT_NAME_LAST):
+        keys.update(group[1:] for group in _TEMPLATE_KEY.findall(template or ""))
+    return keys
+
+
+class _LocalTopK:
+    """This rank's own top-k, kept exactly as stock Lightning keeps it on this rank, to vote with.
+
+    Stock Lightning records each rank's own value under each rank's own file name and evicts by each rank's own
+    ordering, so on an un-synced metric the ranks' states drift apart, while only rank 0's is real on disk. Under a
+    vote policy the callback's visible state is rank 0's on every rank; this private view keeps what stock would have
+    kept here (keyed by save order, since only scores and their order matter to a vote), so that each rank's vote is
+    the one stock Lightning would cast.
+    """
+
+    def __init__(self) -> None:
+        self.scores: dict[int, Tensor] = {}
+        self.kth: Optional[int] = None
+        self._next = 0
+        self._mirrors: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, callback: ModelCheckpoint) -> "_LocalTopK":
+        """The callback's view, rebuilt from its visible state if that changed behind our back (e.g. a resume)."""
+        view: Optional[_LocalTopK] = callback.__dict__.get(_LOCAL_TOP_K)
+        if view is None or view._mirrors != tuple(callback.best_k_models):
+            view = cls()
+            for path, score in callback.best_k_models.items():
+                if path == callback.kth_best_model_path:
+                    view.kth = view._next
+                view.scores[view._next] = score
+                view._next += 1
+            view._mirrors = tuple(callback.best_k_models)
+            callback.__dict__[_LOCAL_TOP_K] = view
+        return view
+
+    @contextmanager
+    def installed(self, callback: ModelCheckpoint) -> Iterator[None]:
+        """Within the block, the callback's top-k attributes are this rank's own."""
+        saved = (callback.best_k_models, callback.kth_best_model_path, callback.__dict__.get("kth_value"))
+        callback.best_k_models = self.scores  # type: ignore[assignment]
+        callback.kth_best_model_path = self.kth  # type: ignore[assignment]
+        if self.kth is not None:
+            callback.kth_value = self.scores[self.kth]
+        try:
+            yield
+        finally:
+            callback.best_k_models, callback.kth_best_model_path = saved[0], saved[1]
+            if saved[2] is not None:
+                callback.kth_value = saved[2]
+
+    def record(self, callback: ModelCheckpoint, score: Tensor) -> None:
+        """Record a save as ``ModelCheckpoint._update_best_and_save`` would have on this rank."""
+        k = len(self.scores) + 1 if callback.save_top_k == -1 else callback.save_top_k
+        if len(self.scores) == k and k > 0 and self.kth is not None:
+            self.scores.pop(self.kth)
+        if torch.isnan(score):
+            score = torch.tensor(float("inf" if callback.mode == "min" else "-inf"), device=score.device)
+        self.scores[self._next] = score
+        self._next += 1
+        if len(self.scores) == k:
+            worst = max if callback.mode == "min" else min
+            self.kth = worst(self.scores, key=self.scores.__getitem__)
+        self._mirrors = tuple(callback.best_k_models)

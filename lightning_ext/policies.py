@@ -1,0 +1,258 @@
+"""Cross-rank decision policies: the rules, with no communication.
+
+A policy turns what every rank observed into one decision that every rank applies. There are two kinds:
+
+* :class:`VotePolicy`: every rank first makes its own decision exactly as stock Lightning would (its local metric
+  against its own recorded scores); the policy turns the tally of those votes into one decision.
+* :class:`AggregatePolicy`: the monitored value is first reduced across ranks (``mean``, ``min`` or ``max``) into
+  one agreed value; the stock comparison then runs once on that value, identically on every rank.
+
+Policies are small, picklable, and compared by :meth:`DecisionPolicy.describe`, which every rank must agree on.
+
+Example:
+    >>> resolve_policy("majority").decide(VoteTally(yes=2, world_size=3, rank_zero=False))
+    True
+    >>> Quorum(2).decide(VoteTally(yes=1, world_size=4, rank_zero=True))
+    False
+    >>> resolve_policy("mean")
+    AggregatePolicy('mean')
+
+"""
+
+from abc import ABC, abstractmethod
+from typing import Literal, NamedTuple, Union
+
+__all__ = [
+    "AggregatePolicy",
+    "AllRanks",
+    "AnyRank",
+    "DecisionPolicy",
+    "Majority",
+    "PolicyLike",
+    "Quorum",
+    "RankZero",
+    "VotePolicy",
+    "VoteTally",
+    "available_policies",
+    "resolve_policy",
+]
+
+Reduction = Literal["mean", "min", "max"]
+_REDUCTIONS: tuple[Reduction, ...] = ("mean", "min", "max")
+
+
+class VoteTally(NamedTuple):
+    """The votes of all ranks on one decision.
+
+    Attributes:
+        yes: how many ranks voted for the action (save a checkpoint, stop training).
+        world_size: how many ranks voted.
+        rank_zero: what global rank 0 voted.
+
+    """
+
+    yes: int
+    world_size: int
+    rank_zero: bool
+
+
+class DecisionPolicy(ABC):
+    """Base of every decision policy. Subclass :class:`VotePolicy` for a policy of your own."""
+
+    @property
+    @abstractmethod
+    def kind(self) -> Literal["vote", "aggregate"]:
+        """Whether ranks vote (``"vote"``) or reduce the monitored value first (``"aggregate"``)."""
+
+    def describe(self) -> str:
+        """A stable text that names the policy and its settings, identical on every rank that configured it alike.
+
+        The strategy compares it across ranks at set-up; override it if your policy's ``repr`` is not stable.
+
+        """
+        return f"{type(self).__module__}.{type(self).__qualname__}:{self!r}"
+
+    def validate(self, world_size: int) -> None:
+        """Raise ``ValueError`` if the policy cannot work at this world size (called once, at set-up)."""
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, DecisionPolicy) and self.describe() == other.describe()
+
+    def __hash__(self) -> int:
+        return hash(self.describe())
+
+
+class VotePolicy(DecisionPolicy):
+    """A policy that decides from the tally of every rank's own vote.
+
+    Implement :meth:`decide`. It runs on every rank with the same tally, so it must be deterministic and must return a
+    plain ``bool``. Give the class a stable ``__repr__`` (the default one includes the object's address): it is how
+    ranks check that they were configured alike.
+
+    Example:
+        >>> class TwoThirds(VotePolicy):
+        ...     def decide(self, tally: VoteTally) -> bool:
+        ...         return 3 * tally.yes >= 2 * tally.world_size
+        ...     def __repr__(self) -> str:
+        ...         return "TwoThirds()"
+        >>> TwoThirds().decide(VoteTally(yes=2, world_size=3, rank_zero=False))
+        True
+
+    """
+
+    @property
+    def kind(self) -> Literal["vote"]:
+        return "vote"
+
+    @abstractmethod
+    def decide(self, tally: VoteTally) -> bool:
+        """Turn the votes into one decision."""
+
+
+class AllRanks(VotePolicy):
+    """Act only if every rank votes for it (stock ``ModelCheckpoint`` behaviour)."""
+
+    def decide(self, tally: VoteTally) -> bool:
+        return tally.yes == tally.world_size
+
+    def __repr__(self) -> str:
+        return "AllRanks()"
+
+
+class AnyRank(VotePolicy):
+    """Act if at least one rank votes for it (stock ``EarlyStopping`` behaviour)."""
+
+    def decide(self, tally: VoteTally) -> bool:
+        return tally.yes > 0
+
+    def __repr__(self) -> str:
+        return "AnyRank()"
+
+
+class Majority(VotePolicy):
+    """Act if strictly more than half of the ranks vote for it (a tie does not act)."""
+
+    def decide(self, tally: VoteTally) -> bool:
+        return 2 * tally.yes > tally.world_size
+
+    def __repr__(self) -> str:
+        return "Majority()"
+
+
+class RankZero(VotePolicy):
+    """Follow global rank 0's own decision."""
+
+    def decide(self, tally: VoteTally) -> bool:
+        return tally.rank_zero
+
+    def __repr__(self) -> str:
+        return "RankZero()"
+
+
+class Quorum(VotePolicy):
+    """Act if at least ``k`` ranks vote for it.
+
+    Args:
+        k: the number of votes needed, at least 1 and at most the world size.
+
+    Example:
+        >>> Quorum(3).decide(VoteTally(yes=3, world_size=4, rank_zero=False))
+        True
+
+    """
+
+    def __init__(self, k: int) -> None:
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"Quorum(k) needs a whole number k >= 1, got {k!r}")
+        self.k = k
+
+    def decide(self, tally: VoteTally) -> bool:
+        return tally.yes >= self.k
+
+    def validate(self, world_size: int) -> None:
+        if self.k > world_size:
+            raise ValueError(f"{self!r} can never be met: only {world_size} rank(s) vote")
+
+    def __repr__(self) -> str:
+        return f"Quorum(k={self.k})"
+
+
+class AggregatePolicy(DecisionPolicy):
+    """Reduce the monitored value across ranks, then let the stock comparison decide once on the agreed value.
+
+    ``mean`` is the unweighted mean over ranks; ``min`` and ``max`` pick the extreme. A NaN on any rank makes the
+    agreed value NaN (as ``torch.mean``/``torch.min``/``torch.max`` would), and ``+inf`` with ``-inf`` make a NaN mean.
+
+    Args:
+        reduction: ``"mean"``, ``"min"`` or ``"max"``.
+
+    """
+
+    def __init__(self, reduction: Reduction) -> None:
+        if reduction not in _REDUCTIONS:
+            raise ValueError(f"AggregatePolicy reduction must be one of {list(_REDUCTIONS)}, got {reduction!r}")
+        self.reduction: Reduction = reduction
+
+    @property
+    def kind(self) -> Literal["aggregate"]:
+        return "aggregate"
+
+    def __repr__(self) -> str:
+        return f"AggregatePolicy({self.reduction!r})"
+
+
+PolicyLike = Union[str, DecisionPolicy]
+
+_ALIASES: dict[str, DecisionPolicy] = {
+    "all": AllRanks(),
+    "any": AnyRank(),
+    "majority": Majority(),
+    "rank_zero": RankZero(),
+    "mean": AggregatePolicy("mean"),
+    "min": AggregatePolicy("min"),
+    "max": AggregatePolicy("max"),
+}
+
+
+def available_policies() -> list[str]:
+    """The names :func:`resolve_policy` accepts.
+
+    Example:
+        >>> available_policies()
+        ['all', 'any', 'majority', 'max', 'mean', 'min', 'rank_zero']
+
+    """
+    return sorted(_ALIASES)
+
+
+def resolve_policy(policy: PolicyLike) -> DecisionPolicy:
+    """Turn a policy name or object into a policy object.
+
+    Args:
+        policy: one of :func:`available_policies`, or a :class:`DecisionPolicy` instance such as ``Quorum(2)``.
+
+    Raises:
+        ValueError: an unknown name; the message lists the valid ones.
+        TypeError: neither a name nor a policy object.
+
+    Example:
+        >>> resolve_policy("rank_zero")
+        RankZero()
+        >>> resolve_policy("median")
+        Traceback (most recent call last):
+        ...
+        ValueError: Unknown decision policy 'median'. Valid names: 'all', 'any', 'majority', 'max', 'mean', 'min', 'rank_zero' (or a DecisionPolicy object such as Quorum(k)).
+
+    """
+    if isinstance(policy, DecisionPolicy):
+        return policy
+    if isinstance(policy, str):
+        found = _ALIASES.get(policy.strip().lower())
+        if found is None:
+            names = ", ".join(repr(name) for name in available_policies())
+            raise ValueError(
+                f"Unknown decision policy {policy!r}. Valid names: {names} (or a DecisionPolicy object such as"
+                " Quorum(k))."
+            )
+        return found
+    raise TypeError(f"A decision policy must be a name or a DecisionPolicy object, got {type(policy).__name__}")
