@@ -237,8 +237,9 @@ def decide_early_stop(
         stop = _decide(policy, tally)
         if stop and not vote:
             reason = f"{tally.yes} of {tally.world_size} rank(s) asked to stop; policy {policy!r} stops every rank."
-        if nonfinite_stop and not vote:
-            stop, reason = True, nonfinite_reason
+        if nonfinite_stop and not stop:  # overrides any policy, on every rank alike
+            stop = True
+            reason = reason if vote else nonfinite_reason  # the non-finite rank keeps its own stock message
         return StopDecision(stop=stop, reason=reason)
 
     agreed = torch.tensor(agreement.value, dtype=current.dtype, device=current.device)

@@ -1,0 +1,141 @@
+"""Real ``Trainer.fit`` runs for the rank pools: a tiny model whose validation metric each rank reads from a table.
+
+The ranks of a :class:`tests._pool.RankPool` carry ``LOCAL_RANK``/``WORLD_SIZE``, so Lightning sees an externally
+launched job and reuses the pool's process group: ``Trainer(devices=W, strategy=...)`` runs on every rank at once,
+exactly as under ``torchrun``. Each rank returns what it ended with, for the parent to compare.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Optional
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+from torch.utils.data import DataLoader, TensorDataset
+
+from lightning_ext import PolicyDDPStrategy
+
+
+class TableModule(L.LightningModule):
+    """Logs ``val_loss`` = ``table[rank][epoch]``, un-synced, so ranks see different values."""
+
+    def __init__(self, table: list[list[Optional[float]]], sync_dist: bool = False, log_on: str = "all") -> None:
+        super().__init__()
+        self.table = table
+        self.sync_dist = sync_dist
+        self.log_on = log_on
+        self.layer = torch.nn.Linear(4, 1)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        loss = self.layer(batch[0]).pow(2).mean()
+        self.log("train_loss", loss)
+        return loss
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        rank, epoch = self.trainer.global_rank, self.current_epoch
+        value = self.table[rank][min(epoch, len(self.table[rank]) - 1)]
+        if self.log_on == "rank_zero" and not self.trainer.is_global_zero:
+            return
+        if value is not None:
+            self.log("val_loss", torch.tensor(value), sync_dist=self.sync_dist)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+class RecordingCheckpoint(ModelCheckpoint):
+    """A user's own subclass: records every checkpoint it saves (on every rank), otherwise stock."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.saves: list[str] = []
+
+    def _save_checkpoint(self, trainer: "L.Trainer", filepath: str) -> None:
+        self.saves.append(os.path.basename(filepath))
+        super()._save_checkpoint(trainer, filepath)
+
+
+class MarginCheckpoint(RecordingCheckpoint):
+    """A user's own top-k rule: a checkpoint must beat the k-th best by a margin (min mode)."""
+
+    def check_monitor_top_k(self, trainer: "L.Trainer", current: Optional[torch.Tensor] = None) -> bool:
+        if current is None:
+            return False
+        if len(self.best_k_models) < self.save_top_k:
+            return True
+        decision = bool(current < self.best_k_models[self.kth_best_model_path] - 0.75)
+        return trainer.strategy.reduce_boolean_decision(decision)
+
+
+def _loader() -> DataLoader:
+    generator = torch.Generator().manual_seed(0)
+    return DataLoader(TensorDataset(torch.randn(8, 4, generator=generator)), batch_size=4)
+
+
+def make_strategy(spec: Any) -> Any:
+    """``"stock"`` → Lightning's ``DDPStrategy``; a dict → ``PolicyDDPStrategy(**dict)``; a str → a registry name."""
+    if spec == "stock":
+        return "ddp"
+    if isinstance(spec, dict):
+        return PolicyDDPStrategy(**spec)
+    return spec
+
+
+def fit(
+    root: str,
+    strategy: Any,
+    table: list[list[Optional[float]]],
+    *,
+    max_epochs: int = 6,
+    checkpoint: Optional[dict[str, Any]] = None,
+    checkpoint_class: str = "RecordingCheckpoint",
+    early_stopping: Optional[dict[str, Any]] = None,
+    sync_dist: bool = False,
+    log_on: str = "all",
+) -> dict[str, Any]:
+    """One ``Trainer.fit`` on this rank; returns the rank's view of the outcome."""
+    callbacks: list[Any] = []
+    checkpoint_cb = early_cb = None
+    if checkpoint is not None:
+        checkpoint_cb = globals()[checkpoint_class](dirpath=os.path.join(root, "checkpoints"), **checkpoint)
+        callbacks.append(checkpoint_cb)
+    if early_stopping is not None:
+        early_cb = EarlyStopping(**early_stopping)
+        callbacks.append(early_cb)
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=len(table),
+        strategy=make_strategy(strategy),
+        max_epochs=max_epochs,
+        callbacks=callbacks,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=root,
+        num_sanity_val_steps=0,
+        deterministic=True,
+    )
+    trainer.fit(TableModule(table, sync_dist=sync_dist, log_on=log_on), _loader(), _loader())
+    result: dict[str, Any] = {
+        "rank": trainer.global_rank,
+        "strategy": type(trainer.strategy).__name__,
+        "should_stop": trainer.should_stop,
+        "current_epoch": trainer.current_epoch,
+    }
+    if checkpoint_cb is not None:
+        result["saves"] = list(checkpoint_cb.saves)
+        result["best_model_path"] = os.path.basename(checkpoint_cb.best_model_path)
+        result["best_k_models"] = sorted(os.path.basename(path) for path in checkpoint_cb.best_k_models)
+        result["kth_best_model_path"] = os.path.basename(checkpoint_cb.kth_best_model_path)
+        result["last_model_path"] = os.path.basename(checkpoint_cb.last_model_path)
+        result["best_model_score"] = None if checkpoint_cb.best_model_score is None else float(checkpoint_cb.best_model_score)
+        directory = os.path.join(root, "checkpoints")
+        result["files"] = sorted(os.listdir(directory)) if os.path.isdir(directory) else []
+    if early_cb is not None:
+        result["stopped_epoch"] = early_cb.stopped_epoch
+        result["stopping_reason"] = early_cb.stopping_reason.name
+        result["wait_count"] = early_cb.wait_count
+        result["best_score"] = float(early_cb.best_score)
+    return result

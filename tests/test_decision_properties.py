@@ -1,0 +1,204 @@
+"""Property tests: random per-rank metrics through the real decision path, in real gloo process groups.
+
+World sizes 2-4 run in persistent rank pools (one process group serves every example); world size 1 runs in this
+process, where ``torch.distributed`` is not even initialised, so any collective would raise. Every rank's answer must
+equal the single-process reference (stock Lightning's own callback code per rank + the policy rule) and every rank
+must end in the same visible state.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import pytest
+import torch.distributed as dist
+from hypothesis import assume, given
+from hypothesis import strategies as st
+
+from lightning_ext._exchange import Observation
+from lightning_ext.policies import Quorum
+from tests import _reference, tasks
+from tests._pool import RankFailure
+
+SPECIAL = [math.inf, -math.inf, math.nan]
+DYADIC = st.integers(-40, 40).map(lambda n: n / 4)  # ties are common; sums are exact in any order
+VALUES = st.one_of(DYADIC, DYADIC, DYADIC, st.sampled_from(SPECIAL))
+NAMED = ["all", "any", "majority", "rank_zero", "mean", "min", "max"]
+
+
+def every_policy(world: int) -> list[Any]:
+    """Each example runs every policy on the same per-rank data: the rules are tested side by side."""
+    return [*NAMED, *(Quorum(k) for k in range(1, world + 1)), tasks.TwoThirds()]
+
+
+AGGREGATES = ("mean", "min", "max")
+
+
+def run_on_ranks(rank_pools: Any, world: int, target: str, per_rank: list[tuple[Any, ...]]) -> list[Any]:
+    """Every rank's result; world size 1 runs here, with no process group at all."""
+    if world == 1:
+        assert not (dist.is_available() and dist.is_initialized())
+        module, name = target.split(":")
+        function: Callable[..., Any] = getattr(tasks, name)
+        return [function(*per_rank[0])]
+    return rank_pools(world).run(target, *per_rank)
+
+
+def same_everywhere(results: list[Any]) -> None:
+    for rank, result in enumerate(results[1:], start=1):
+        assert _plain(result) == _plain(results[0]), f"rank {rank} differs from rank 0"
+
+
+def _plain(value: Any) -> Any:
+    """NaN-safe comparison form."""
+    if isinstance(value, float) and math.isnan(value):
+        return "nan"
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(item) for item in value]
+    return value
+
+
+def expect_same_error(call: Callable[[], Any], world: int, fragment: str) -> None:
+    if world == 1:
+        with pytest.raises(Exception, match=fragment.replace("[", r"\[").replace("]", r"\]")):
+            call()
+        return
+    with pytest.raises(RankFailure) as raised:
+        call()
+    messages = raised.value.messages()
+    assert sorted(messages) == list(range(world)), f"not every rank raised: {messages}"
+    assert len(set(messages.values())) == 1, f"ranks raised different errors: {messages}"
+    assert fragment in next(iter(messages.values()))
+
+
+@st.composite
+def exchange_cases(draw: st.DrawFn) -> tuple[int, str, bool, int, list[Observation]]:
+    world = draw(st.integers(1, 4))
+    kind = draw(st.sampled_from(["vote", "mean", "min", "max"]))
+    n_extras = draw(st.integers(0, 2))
+    value = st.one_of(st.none(), VALUES) if draw(st.integers(0, 5)) == 0 else VALUES
+    observations = [
+        Observation(draw(value), draw(st.booleans()), tuple(draw(st.one_of(st.none(), VALUES)) for _ in range(n_extras)))
+        for _ in range(world)
+    ]
+    return world, kind, draw(st.booleans()), n_extras, observations
+
+
+@given(exchange_cases())
+def test_property_exchange_is_bitwise_identical_on_every_rank(rank_pools: Any, case: Any) -> None:
+    world, kind, with_reference, n_extras, observations = case
+    results = run_on_ranks(
+        rank_pools, world, "tests.tasks:exchange", [(kind, with_reference, n_extras, obs) for obs in observations]
+    )
+    rows = [row for row, _ in results]
+    assert all(row == rows[0] or _plain(row) == _plain(rows[0]) for row in rows)  # the same bits everywhere
+    same_everywhere([agreement.__dict__ for _, agreement in results])
+    agreement = results[0][1]
+    present = [obs.value is not None for obs in observations]
+    assert agreement.presence == ("all" if all(present) else "none" if not any(present) else "mixed")
+    if all(present) and kind != "vote":
+        expected = _reference.aggregate(kind, [obs.value for obs in observations])  # type: ignore[misc]
+        assert _plain(agreement.value) == _plain(expected)
+
+
+@st.composite
+def top_k_cases(draw: st.DrawFn) -> tuple[int, str, int, list[list[Any]], list[list[Any]]]:
+    world = draw(st.integers(1, 4))
+    mode = draw(st.sampled_from(["min", "max"]))
+    save_top_k = draw(st.sampled_from([-1, 1, 2, 3]))
+    epochs = draw(st.integers(1, 6))
+    table: list[list[Any]] = [[None] * epochs for _ in range(world)]
+    for epoch in range(epochs):
+        pattern = draw(st.sampled_from(["all"] * 12 + ["none", "mixed"]))
+        for rank in range(world):
+            if pattern == "all" or (pattern == "mixed" and draw(st.booleans())):
+                table[rank][epoch] = draw(VALUES)
+    accs = [[draw(st.one_of(st.none(), DYADIC)) for _ in range(epochs)] for _ in range(world)]
+    return world, mode, save_top_k, table, accs
+
+
+@given(top_k_cases())
+def test_property_top_k_matches_reference_and_every_rank_agrees(rank_pools: Any, case: Any) -> None:
+    world, mode, save_top_k, table, accs = case
+    policies = every_policy(world)
+    per_rank = [(policies, mode, save_top_k, table[rank], accs[rank]) for rank in range(world)]
+    run = lambda: run_on_ranks(rank_pools, world, "tests.tasks:top_k_sequences", per_rank)  # noqa: E731
+    try:
+        expected = [_reference.top_k_sequence(policy, mode, save_top_k, table, accs) for policy in policies]
+    except _reference.Expected as error:  # the presence check comes before any policy
+        expect_same_error(run, world, str(error))
+        return
+    results = run()
+    for index, policy in enumerate(policies):
+        per_policy = [results[rank][index] for rank in range(world)]
+        visible = [[{k: v for k, v in state.items() if k != "local_scores"} for state in states] for states in per_policy]
+        same_everywhere(visible)
+        for rank in range(world):
+            assert _plain(per_policy[rank]) == _plain(expected[index][rank]), f"{policy!r}, rank {rank}"
+
+
+@st.composite
+def early_stop_cases(draw: st.DrawFn) -> tuple[int, dict[str, Any], list[list[tuple[float, int]]], list[Any]]:
+    world = draw(st.integers(1, 4))
+    config = {
+        "mode": draw(st.sampled_from(["min", "max"])),
+        "patience": draw(st.integers(1, 3)),
+        "min_delta": draw(st.sampled_from([0.0, 0.5])),
+        "check_finite": draw(st.booleans()),
+        "stopping_threshold": draw(st.one_of(st.none(), DYADIC)),
+        "divergence_threshold": draw(st.one_of(st.none(), DYADIC)),
+        "strict": False,
+    }
+    # per policy, per rank: the starting (best_score, wait_count); aggregate policies share one state on every rank
+    starts = []
+    for policy in every_policy(world):
+        if policy in AGGREGATES:
+            starts.append([(draw(DYADIC), draw(st.integers(0, 3)))] * world)
+        else:
+            starts.append([(draw(DYADIC), draw(st.integers(0, 3))) for _ in range(world)])
+    pattern = draw(st.sampled_from(["all"] * 12 + ["none", "mixed"]))
+    values = [draw(VALUES) if pattern == "all" or (pattern == "mixed" and draw(st.booleans())) else None for _ in range(world)]
+    return world, config, starts, values
+
+
+@given(early_stop_cases())
+def test_property_early_stopping_matches_reference_and_every_rank_agrees(rank_pools: Any, case: Any) -> None:
+    world, config, starts, values = case
+    policies = every_policy(world)
+    per_rank = [(policies, config, [start[rank] for start in starts], values[rank]) for rank in range(world)]
+    run = lambda: run_on_ranks(rank_pools, world, "tests.tasks:early_stop_rounds", per_rank)  # noqa: E731
+    try:
+        expected = [
+            _reference.early_stop_round(policy, config, start, values) for policy, start in zip(policies, starts)
+        ]
+    except _reference.Expected as error:
+        expect_same_error(run, world, str(error))
+        return
+    results = run()
+    for index, policy in enumerate(policies):
+        per_policy = [results[rank][index] for rank in range(world)]
+        same_everywhere([{k: r[k] for k in ("handled", "should_stop", "stopped_epoch")} for r in per_policy])
+        for rank in range(world):
+            assert _plain(per_policy[rank]) == _plain(expected[index][rank]), f"{policy!r}, rank {rank}"
+        if policy in AGGREGATES:
+            same_everywhere(per_policy)  # aggregate: the whole state is agreed
+
+
+@given(st.integers(2, 4), st.data())
+def test_property_floats_of_any_size_agree_bitwise(rank_pools: Any, world: int, data: st.DataObject) -> None:
+    """Arbitrary float32 values (not only exact ones): every rank still reads back the very same agreement."""
+    kind = data.draw(st.sampled_from(["mean", "min", "max", "vote"]))
+    values = data.draw(st.lists(st.floats(width=32), min_size=world, max_size=world))
+    assume(all(math.isfinite(v) for v in values) or kind != "mean")
+    results = rank_pools(world).run("tests.tasks:exchange", *[(kind, True, 0, Observation(v, True)) for v in values])
+    same_everywhere([agreement.__dict__ for _, agreement in results])
+    agreed = results[0][1].value
+    if kind == "mean":
+        assert math.isclose(agreed, math.fsum(values) / world, rel_tol=1e-12, abs_tol=1e-300)
+    elif kind == "vote":
+        assert _plain(agreed) == _plain(values[0])
+    else:
+        assert _plain(agreed) == _plain(_reference.aggregate(kind, values))

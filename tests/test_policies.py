@@ -1,0 +1,101 @@
+"""The policy rules, in one process."""
+
+import pickle
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from lightning_ext.policies import (
+    AggregatePolicy,
+    AllRanks,
+    AnyRank,
+    Majority,
+    Quorum,
+    RankZero,
+    VotePolicy,
+    VoteTally,
+    available_policies,
+    resolve_policy,
+)
+
+
+@st.composite
+def tallies(draw: st.DrawFn) -> tuple[list[bool], VoteTally]:
+    votes = draw(st.lists(st.booleans(), min_size=1, max_size=9))
+    return votes, VoteTally(sum(votes), len(votes), votes[0])
+
+
+@given(tallies())
+def test_vote_policies_follow_their_definition(case: tuple[list[bool], VoteTally]) -> None:
+    votes, tally = case
+    assert AllRanks().decide(tally) is all(votes)
+    assert AnyRank().decide(tally) is any(votes)
+    assert Majority().decide(tally) is (sum(votes) > len(votes) / 2)
+    assert RankZero().decide(tally) is votes[0]
+    for k in range(1, len(votes) + 1):
+        assert Quorum(k).decide(tally) is (sum(votes) >= k)
+
+
+def test_majority_tie_does_not_act() -> None:
+    assert Majority().decide(VoteTally(yes=2, world_size=4, rank_zero=True)) is False
+    assert Majority().decide(VoteTally(yes=3, world_size=4, rank_zero=False)) is True
+
+
+def test_names_resolve_to_policies() -> None:
+    assert available_policies() == ["all", "any", "majority", "max", "mean", "min", "rank_zero"]
+    assert isinstance(resolve_policy("all"), AllRanks)
+    assert isinstance(resolve_policy(" Majority "), Majority)
+    assert resolve_policy("min") == AggregatePolicy("min")
+    quorum = Quorum(2)
+    assert resolve_policy(quorum) is quorum
+
+
+def test_unknown_name_lists_the_valid_ones() -> None:
+    with pytest.raises(ValueError, match=r"Unknown decision policy 'median'.*'all', 'any', 'majority'.*'rank_zero'"):
+        resolve_policy("median")
+
+
+@pytest.mark.parametrize("bad", [None, 3, ["all"]])
+def test_non_policy_is_a_type_error(bad: object) -> None:
+    with pytest.raises(TypeError, match="must be a name or a DecisionPolicy"):
+        resolve_policy(bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("k", [0, -1, 1.5, True, "2"])
+def test_quorum_needs_a_positive_whole_number(k: object) -> None:
+    with pytest.raises(ValueError, match="Quorum"):
+        Quorum(k)  # type: ignore[arg-type]
+
+
+def test_quorum_larger_than_world_is_rejected_at_validation() -> None:
+    Quorum(3).validate(3)
+    with pytest.raises(ValueError, match=r"Quorum\(k=4\) can never be met: only 3 rank"):
+        Quorum(4).validate(3)
+
+
+def test_aggregate_reduction_is_checked() -> None:
+    with pytest.raises(ValueError, match=r"one of \['mean', 'min', 'max'\]"):
+        AggregatePolicy("median")  # type: ignore[arg-type]
+
+
+def test_policies_compare_by_description_and_pickle() -> None:
+    for name in available_policies():
+        policy = resolve_policy(name)
+        assert pickle.loads(pickle.dumps(policy)) == policy
+    assert Quorum(2) == Quorum(2) != Quorum(3)
+    assert len({Quorum(2), Quorum(2), Majority()}) == 2
+
+
+def test_user_policy_subclass() -> None:
+    class AtLeastHalf(VotePolicy):
+        def decide(self, tally: VoteTally) -> bool:
+            return 2 * tally.yes >= tally.world_size
+
+        def __repr__(self) -> str:
+            return "AtLeastHalf()"
+
+    policy = resolve_policy(AtLeastHalf())
+    assert policy.kind == "vote"
+    assert policy.decide(VoteTally(2, 4, False)) is True
+    assert "AtLeastHalf()" in policy.describe()

@@ -1,0 +1,204 @@
+"""Real ``Trainer.fit`` runs on 2 and 3 CPU ranks (gloo), with un-synced, rank-dependent validation metrics.
+
+The tables below make the policies disagree. The expected checkpoints and stop epochs were worked out by hand from
+the rules in the README (a worked example is in the comment of each table); every run must also leave every rank
+with the same agreed state.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from lightning_ext import Quorum
+
+pytestmark = pytest.mark.slow
+
+CKPT = {"monitor": "val_loss", "save_top_k": 1, "filename": "{epoch}-{val_loss:.2f}"}
+AGREED = ("best_model_path", "best_k_models", "kth_best_model_path", "last_model_path", "saves", "should_stop")
+
+# ---- checkpoint decisions, 3 ranks, save_top_k=1, mode=min --------------------------------------------------------
+# epoch:        0    1    2    3    4
+TABLE_3 = [
+    [4.0, 3.0, 3.5, 2.0, 2.50],  # rank 0
+    [4.0, 5.0, 3.5, 3.0, 2.25],  # rank 1
+    [4.0, 5.0, 4.5, 6.0, 2.75],  # rank 2
+]
+# Worked example, "majority": e0 first checkpoint (every rank votes yes). e1 votes (3<4, 5<4, 5<4) = (T,F,F): no.
+# e2 vs own bests (4,4,4): (T,T,F): 2 of 3, save, named with rank 0's 3.5. e3 vs (3.5,3.5,4.5): (T,T,F): save.
+# e4 vs (2,3,6): (F,T,T): save. "mean": 4.0, 4.33 (no), 3.83, 3.67, 2.50. "min": 4, 3, 3.5 (no), 2, 2.25 (no).
+SAVES_3: dict[str, list[float | str]] = {
+    "all": ["epoch=0-val_loss=4.00.ckpt", "epoch=4-val_loss=2.50.ckpt"],
+    "any": [
+        "epoch=0-val_loss=4.00.ckpt",
+        "epoch=1-val_loss=3.00.ckpt",
+        "epoch=2-val_loss=3.50.ckpt",
+        "epoch=3-val_loss=2.00.ckpt",
+        "epoch=4-val_loss=2.50.ckpt",
+    ],
+    "majority": [
+        "epoch=0-val_loss=4.00.ckpt",
+        "epoch=2-val_loss=3.50.ckpt",
+        "epoch=3-val_loss=2.00.ckpt",
+        "epoch=4-val_loss=2.50.ckpt",
+    ],
+    "rank_zero": ["epoch=0-val_loss=4.00.ckpt", "epoch=1-val_loss=3.00.ckpt", "epoch=3-val_loss=2.00.ckpt"],
+    "mean": [
+        "epoch=0-val_loss=4.00.ckpt",
+        "epoch=2-val_loss=3.83.ckpt",
+        "epoch=3-val_loss=3.67.ckpt",
+        "epoch=4-val_loss=2.50.ckpt",
+    ],
+    "min": ["epoch=0-val_loss=4.00.ckpt", "epoch=1-val_loss=3.00.ckpt", "epoch=3-val_loss=2.00.ckpt"],
+    "max": ["epoch=0-val_loss=4.00.ckpt", "epoch=4-val_loss=2.75.ckpt"],
+}
+SAVES_3["quorum2"] = SAVES_3["majority"]  # at 3 ranks, Quorum(2) is a majority
+
+# ---- checkpoint decisions, 2 ranks ----------------------------------------------------------------------------------
+TABLE_2 = [
+    [4.0, 3.0, 3.5, 2.0],  # rank 0
+    [4.0, 5.0, 4.5, 3.0],  # rank 1
+]
+# "any": e1 (T,F) save; e2 vs (3,5): (F,T) save, named 3.50 (rank 0's); e3 save. "mean": 4, 4 (no), 4 (no), 2.5.
+SAVES_2: dict[str, list[float | str]] = {
+    "all": ["epoch=0-val_loss=4.00.ckpt", "epoch=3-val_loss=2.00.ckpt"],
+    "any": [
+        "epoch=0-val_loss=4.00.ckpt",
+        "epoch=1-val_loss=3.00.ckpt",
+        "epoch=2-val_loss=3.50.ckpt",
+        "epoch=3-val_loss=2.00.ckpt",
+    ],
+    "majority": ["epoch=0-val_loss=4.00.ckpt", "epoch=3-val_loss=2.00.ckpt"],  # strictly more than 1 of 2
+    "rank_zero": ["epoch=0-val_loss=4.00.ckpt", "epoch=1-val_loss=3.00.ckpt", "epoch=3-val_loss=2.00.ckpt"],
+    "mean": ["epoch=0-val_loss=4.00.ckpt", "epoch=3-val_loss=2.50.ckpt"],
+    "min": ["epoch=0-val_loss=4.00.ckpt", "epoch=1-val_loss=3.00.ckpt", "epoch=3-val_loss=2.00.ckpt"],
+    "max": ["epoch=0-val_loss=4.00.ckpt", "epoch=3-val_loss=3.00.ckpt"],
+}
+SAVES_2["quorum1"] = SAVES_2["any"]
+
+# ---- early stopping, patience=1 (a rank votes to stop at its first epoch without improvement) ---------------------
+ES_TABLE_3 = [
+    [10.0, 9.0, 7.5, 8.5, 9.0],  # rank 0 votes stop at e3, e4
+    [10.0, 11.0, 12.0, 7.0, 7.5],  # rank 1 votes stop at e1, e2, e4
+    [10.0, 8.0, 9.0, 9.0, 8.5],  # rank 2 votes stop at e2, e3, e4
+]
+# votes per epoch: e1 (F,T,F), e2 (F,T,T), e3 (T,F,T), e4 (T,T,T). mean: 10, 9.33, 9.5 (stop e2).
+# min: 10, 8, 7.5, 7, 7.5 (stop e4). max: 10, 11 (stop e1).
+STOP_3 = {"any": 1, "majority": 2, "quorum2": 2, "rank_zero": 3, "all": 4, "mean": 2, "min": 4, "max": 1}
+ES_TABLE_2 = [
+    [10.0, 9.0, 9.5, 9.6],  # rank 0 votes stop at e2, e3
+    [10.0, 11.0, 12.0, 8.0],  # rank 1 votes stop at e1, e2
+]
+# votes: e1 (F,T), e2 (T,T). mean: 10, 10 (stop e1). min: 10, 9, 9.5 (stop e2). max: 10, 11 (stop e1).
+STOP_2 = {"any": 1, "quorum1": 1, "majority": 2, "rank_zero": 2, "all": 2, "mean": 1, "min": 2, "max": 1}
+
+
+def policy_spec(name: str) -> Any:
+    if name.startswith("quorum"):
+        return Quorum(int(name[len("quorum") :]))
+    return name
+
+
+def assert_agreed(results: list[dict[str, Any]], keys: tuple[str, ...]) -> None:
+    for key in keys:
+        values = [result[key] for result in results]
+        assert all(value == values[0] for value in values), f"ranks disagree on {key}: {values}"
+
+
+@pytest.mark.parametrize(("table", "expected"), [(TABLE_2, SAVES_2), (TABLE_3, SAVES_3)], ids=["2ranks", "3ranks"])
+def test_checkpoint_policies_save_what_their_rule_says(rank_pools: Any, tmp_path: Any, table: Any, expected: Any) -> None:
+    world = len(table)
+    pool = rank_pools(world)
+    for name, saves in expected.items():
+        root = str(tmp_path / name)
+        strategy = {"checkpoint_policy": policy_spec(name)}
+        results = pool.run("tests.scenarios:fit", (root, strategy, table), checkpoint=CKPT, max_epochs=len(table[0]))
+        assert_agreed(results, AGREED)
+        assert results[0]["saves"] == saves, name
+        assert results[0]["files"] == [results[0]["best_model_path"]], name  # save_top_k=1: only the best is on disk
+        if name in ("mean", "min", "max"):
+            assert_agreed(results, ("best_model_score",))
+
+
+@pytest.mark.parametrize(("table", "expected"), [(ES_TABLE_2, STOP_2), (ES_TABLE_3, STOP_3)], ids=["2ranks", "3ranks"])
+def test_early_stopping_policies_stop_when_their_rule_says(rank_pools: Any, tmp_path: Any, table: Any, expected: Any) -> None:
+    world = len(table)
+    pool = rank_pools(world)
+    stopping = {"monitor": "val_loss", "patience": 1, "mode": "min"}
+    for name, epoch in expected.items():
+        strategy = {"early_stopping_policy": policy_spec(name)}
+        results = pool.run(
+            "tests.scenarios:fit", (str(tmp_path / name), strategy, table), early_stopping=stopping, max_epochs=6
+        )
+        assert_agreed(results, ("should_stop", "stopped_epoch", "current_epoch"))
+        assert results[0]["should_stop"] is True, name
+        assert results[0]["stopped_epoch"] == epoch, name
+        if name in ("mean", "min", "max"):
+            assert_agreed(results, ("best_score", "wait_count", "stopping_reason"))
+
+
+STOCK_CASES = {
+    "k1_unsynced_3ranks": (TABLE_3, dict(CKPT), False),
+    "k2_unsynced_2ranks": ([[5, 4, 4.5, 3, 3.5, 3.6], [5, 6, 3, 3.2, 3.1, 3.0]], dict(CKPT, save_top_k=2), False),
+    "k3_synced_2ranks": ([[5, 4, 4.5, 3, 3.5, 3.6], [5, 6, 3, 3.2, 3.1, 3.0]], dict(CKPT, save_top_k=3), True),
+    "k2_max_mode_3ranks": (TABLE_3, dict(CKPT, save_top_k=2, mode="max", save_last=True), False),
+}
+
+
+@pytest.mark.parametrize("case", list(STOCK_CASES))
+def test_default_flags_match_stock_ddp_side_by_side(rank_pools: Any, tmp_path: Any, case: str) -> None:
+    """``PolicyDDPStrategy()`` saves exactly the checkpoints, and stops at exactly the epoch, of stock ``DDPStrategy``."""
+    table, checkpoint, synced = STOCK_CASES[case]
+    pool = rank_pools(len(table))
+    stopping = {"monitor": "val_loss", "patience": 2, "mode": checkpoint.get("mode", "min")}
+    runs = {}
+    for label, strategy in (("stock", "stock"), ("policy", {})):
+        runs[label] = pool.run(
+            "tests.scenarios:fit",
+            (str(tmp_path / label), strategy, table),
+            checkpoint=checkpoint,
+            early_stopping=stopping,
+            sync_dist=synced,
+            max_epochs=len(table[0]),
+        )
+    stock, policy = runs["stock"], runs["policy"]
+    assert [r["strategy"] for r in stock + policy] == ["DDPStrategy"] * len(table) + ["PolicyDDPStrategy"] * len(table)
+    for key in ("files", "saves", "best_model_path", "best_k_models", "best_model_score", "stopped_epoch", "current_epoch"):
+        assert policy[0][key] == stock[0][key], key  # rank 0: what stock writes to disk
+    assert_agreed(policy, AGREED + ("stopped_epoch",))  # and every rank agrees with it
+
+
+def test_stock_ranks_disagree_on_paths_where_policy_ranks_agree(rank_pools: Any, tmp_path: Any) -> None:
+    """The motivating bug: with the metric in the file name, stock ranks record different best paths."""
+    pool = rank_pools(3)
+    stock = pool.run("tests.scenarios:fit", (str(tmp_path / "stock"), "stock", TABLE_3), checkpoint=CKPT, max_epochs=5)
+    policy = pool.run("tests.scenarios:fit", (str(tmp_path / "policy"), {}, TABLE_3), checkpoint=CKPT, max_epochs=5)
+    assert len({r["best_model_path"] for r in stock}) == 3  # epoch=4-val_loss=2.50 / 2.25 / 2.75
+    assert {r["best_model_path"] for r in policy} == {"epoch=4-val_loss=2.50.ckpt"}
+
+
+def test_user_subclass_with_its_own_top_k_rule_votes_with_it(rank_pools: Any, tmp_path: Any) -> None:
+    """A subclass overriding ``check_monitor_top_k`` keeps its rule: each rank votes with it."""
+    # MarginCheckpoint saves only if current < best - 0.75. Own bests (4,4,4): e1 (3<3.25: T, F, F); under "any" save.
+    # Then bests (3,5,5): e2 (3.5<2.25 F, 3.5<4.25 T, 4.5<4.25 F): save. Bests (3.5,3.5,4.5): e3 (2<2.75 T): save.
+    # Bests (2,3,6): e4 (2.5<1.25 F, 2.25<2.25 F, 2.75<5.25 T): save.
+    results = rank_pools(3).run(
+        "tests.scenarios:fit",
+        (str(tmp_path), {"checkpoint_policy": "any"}, TABLE_3),
+        checkpoint=CKPT,
+        checkpoint_class="MarginCheckpoint",
+        max_epochs=5,
+    )
+    assert_agreed(results, AGREED)
+    assert results[0]["saves"] == SAVES_3["any"]
+    majority = rank_pools(3).run(
+        "tests.scenarios:fit",
+        (str(tmp_path / "majority"), {"checkpoint_policy": "majority"}, TABLE_3),
+        checkpoint=CKPT,
+        checkpoint_class="MarginCheckpoint",
+        max_epochs=5,
+    )
+    # majority with the margin rule: e1 (T,F,F) no; e2 vs (4,4,4): (3.5<3.25 F, F, F) no; e3: (2<3.25 T, 3<3.25 T,
+    # F): save; e4 vs (2,3,6): (F, 2.25<2.25 F, 2.75<5.25 T): no.
+    assert majority[0]["saves"] == ["epoch=0-val_loss=4.00.ckpt", "epoch=3-val_loss=2.00.ckpt"]
