@@ -7,7 +7,7 @@ that lack a metric, comparing configurations), where a pickled object is the cle
 """
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -35,7 +35,7 @@ class RankGroup:
     world_size: int
     rank: int
     device: torch.device
-    group: Optional[Any] = None
+    group: Any | None = None
 
     @classmethod
     def from_strategy(cls, strategy: Any) -> "RankGroup":

@@ -1,15 +1,15 @@
 """One decision's observations packed into one small row of numbers, and the reduced row read back.
 
-Pure functions, no communication. Every rank :func:`pack`\\ s what it observed; the collective reduces the rows element
-by element (``sum`` or ``max``, as the :class:`Layout` says); every rank :func:`unpack`\\ s the same reduced row into the
-same :class:`Agreement`. :func:`combine` is that reduction done in one process (the definition the collective must
-match, used by the tests).
+Pure functions, no communication. Every rank packs (:func:`pack`) what it observed; the collective reduces the rows
+element by element (``sum`` or ``max``, as the :class:`Layout` says); every rank reads the same reduced row back
+(:func:`unpack`) into the same :class:`Agreement`. :func:`combine` is that reduction done in one process: the
+definition the collective must match, used by the tests.
 
 The row is kept as short as the policy allows, because a gloo all-reduce gets slower with every element:
 
 * vote policies: one int64 word (sum) holding, in base ``world_size + 1``, how many ranks have the metric, voted yes,
-  failed, saw a non-finite value, and rank 0's vote; plus, only when names or top-k ordering need it, the bits of
-  rank 0's value (other ranks add 0, so the sum is rank 0's bits exactly);
+  failed, saw a non-finite value, and rank 0's vote; plus, with ``with_reference``, the bits of rank 0's value
+  (other ranks add 0, so the sum is rank 0's bits exactly);
 * ``mean``: float64 sum of [present count (+ failures, + rank 0's extras mask), value];
 * ``min``/``max``: int64 max of [flags, order-preserving key of the value] (``min`` sends the key of ``-value``).
 
@@ -26,7 +26,7 @@ Example:
 import math
 import struct
 from dataclasses import dataclass
-from typing import Literal, Optional, Union
+from typing import Literal, Union
 
 __all__ = ["Agreement", "Layout", "Observation", "combine", "pack", "unpack"]
 
@@ -56,9 +56,9 @@ class Observation:
 
     """
 
-    value: Optional[float]
+    value: float | None
     vote: bool = False
-    extras: tuple[Optional[float], ...] = ()
+    extras: tuple[float | None, ...] = ()
     failed: bool = False
 
 
@@ -83,7 +83,7 @@ class Agreement:
     rank_zero_vote: bool
     nonfinite: bool
     value: float
-    extras: tuple[Optional[float], ...]
+    extras: tuple[float | None, ...]
 
 
 @dataclass(frozen=True)
@@ -164,7 +164,7 @@ def pack(layout: Layout, observation: Observation, *, rank: int) -> list[Number]
 def combine(layout: Layout, rows: list[list[Number]]) -> list[Number]:
     """Reduce the rows of all ranks in one process, exactly as the collective does (element-wise sum or max)."""
     reduce = max if layout.op == "max" else sum
-    return [reduce(column) for column in zip(*rows)]
+    return [reduce(column) for column in zip(*rows, strict=True)]
 
 
 def unpack(layout: Layout, reduced: list[Number]) -> Agreement:
@@ -178,7 +178,7 @@ def unpack(layout: Layout, reduced: list[Number]) -> Agreement:
     return _unpack_extreme(layout, reduced)
 
 
-def _pack_vote(layout: Layout, observation: Observation, value: Optional[float], rank: int) -> list[Number]:
+def _pack_vote(layout: Layout, observation: Observation, value: float | None, rank: int) -> list[Number]:
     present = value is not None
     digits = [0] * _VOTE_DIGITS
     digits[_PRESENT] = int(present)
@@ -214,7 +214,7 @@ def _unpack_vote(layout: Layout, reduced: list[Number]) -> Agreement:
     )
 
 
-def _pack_mean(layout: Layout, observation: Observation, value: Optional[float], rank: int) -> list[Number]:
+def _pack_mean(layout: Layout, observation: Observation, value: float | None, rank: int) -> list[Number]:
     mask = 0
     extras: list[Number] = []
     for position, extra in enumerate(observation.extras):
@@ -243,13 +243,10 @@ def _unpack_mean(layout: Layout, reduced: list[Number]) -> Agreement:
     )
 
 
-def _pack_extreme(layout: Layout, observation: Observation, value: Optional[float], rank: int) -> list[Number]:
+def _pack_extreme(layout: Layout, observation: Observation, value: float | None, rank: int) -> list[Number]:
     # under max: 4 = some rank failed, 2 = some rank lacks the metric, 1 = some rank's value is not finite
     flags = 4 * int(observation.failed) + 2 * int(value is None) + int(value is not None and not math.isfinite(value))
-    if value is None:
-        key = _INT64_MIN
-    else:
-        key = _order_key(-value if layout.kind == "min" else value)
+    key = _INT64_MIN if value is None else _order_key(-value if layout.kind == "min" else value)
     extras: list[Number] = []
     for extra in observation.extras:
         if rank != 0:

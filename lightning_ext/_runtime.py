@@ -10,7 +10,8 @@ Set ``LIGHTNING_EXT_RUNTIME_PATCHING=0`` to forbid the wrappers (used to prove t
 
 import functools
 import os
-from typing import Any, Callable, Literal
+from collections.abc import Callable
+from typing import Any, Literal
 
 from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 
@@ -25,7 +26,7 @@ _ENV_SWITCH = "LIGHTNING_EXT_RUNTIME_PATCHING"
 
 
 def patch_mode() -> Literal["native", "runtime"]:
-    """``"native"`` when the installed Lightning carries lightning-ext's seams (``patches/`` applied), else ``"runtime"``.
+    """``"native"`` if the installed Lightning carries lightning-ext's seams (``patches/`` applied), else ``"runtime"``.
 
     Example:
         >>> patch_mode() in ("native", "runtime")

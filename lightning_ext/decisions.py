@@ -19,15 +19,15 @@ ranks becomes the same error on every rank instead of a deadlock.
 
 import math
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, NoReturn, Optional
+from typing import Any, NoReturn
 
 import torch
 from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 from lightning.pytorch.callbacks.early_stopping import EarlyStoppingReason
-from lightning.pytorch.utilities.rank_zero import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 
 from lightning_ext._collective import RankGroup, all_gather_objects, all_reduce_row
@@ -63,8 +63,8 @@ class TopKDecision:
 
     save: bool
     score: Tensor
-    names: dict[str, Optional[Tensor]]
-    local_score: Optional[Tensor] = None
+    names: dict[str, Tensor | None]
+    local_score: Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,7 @@ class StopDecision:
     """
 
     stop: bool
-    reason: Optional[str]
+    reason: str | None
 
 
 def save_topk_checkpoint(callback: ModelCheckpoint, trainer: Any, monitor_candidates: dict[str, Tensor]) -> bool:
@@ -144,7 +144,7 @@ def decide_top_k(
     callback: ModelCheckpoint,
     trainer: Any,
     monitor_candidates: dict[str, Tensor],
-) -> Optional[TopKDecision]:
+) -> TopKDecision | None:
     """Agree whether to save a new top-k checkpoint; ``None`` if the metric is missing on every rank.
 
     Raises:
@@ -158,10 +158,10 @@ def decide_top_k(
     extra_keys = tuple(sorted(_template_keys(callback) - _TRAINER_KEYS - {monitor}))
     is_vote = isinstance(policy, VotePolicy)
 
-    failure: Optional[BaseException] = None
-    value: Optional[float] = None
+    failure: BaseException | None = None
+    value: float | None = None
     vote = False
-    extras: tuple[Optional[float], ...] = ()
+    extras: tuple[float | None, ...] = ()
     try:
         extras = tuple(float(monitor_candidates[k]) if k in monitor_candidates else None for k in extra_keys)
         if current is not None:
@@ -179,9 +179,9 @@ def decide_top_k(
         return None
     assert current is not None
 
-    names: dict[str, Optional[Tensor]] = {
+    names: dict[str, Tensor | None] = {
         key: None if extra is None else torch.tensor(extra, dtype=torch.float64)
-        for key, extra in zip(extra_keys, agreement.extras)
+        for key, extra in zip(extra_keys, agreement.extras, strict=True)
     }
     if isinstance(policy, VotePolicy):
         save = _decide(policy, VoteTally(agreement.yes, ranks.world_size, agreement.rank_zero_vote))
@@ -199,7 +199,7 @@ def decide_top_k(
 
 def decide_early_stop(
     ranks: RankGroup, policy: DecisionPolicy, callback: EarlyStopping, logs: dict[str, Tensor]
-) -> Optional[StopDecision]:
+) -> StopDecision | None:
     """Agree whether to stop; updates the callback's own state; ``None`` if the metric is missing on every rank.
 
     Raises:
@@ -208,10 +208,10 @@ def decide_early_stop(
 
     """
     current = logs.get(callback.monitor)
-    failure: Optional[BaseException] = None
-    value: Optional[float] = None
+    failure: BaseException | None = None
+    value: float | None = None
     vote = False
-    reason: Optional[str] = None
+    reason: str | None = None
     try:
         if current is not None:
             current = current.squeeze()
@@ -260,7 +260,7 @@ def _layout_kind(policy: DecisionPolicy) -> Any:
 
 
 def _agree(
-    ranks: RankGroup, layout: Layout, observation: Observation, failure: Optional[BaseException], callback: Any
+    ranks: RankGroup, layout: Layout, observation: Observation, failure: BaseException | None, callback: Any
 ) -> Agreement:
     """The one exchange of a decision, and the errors every rank raises together."""
     agreement = unpack(layout, all_reduce_row(pack(layout, observation, rank=ranks.rank), layout, ranks))
@@ -271,7 +271,7 @@ def _agree(
     return agreement
 
 
-def _raise_failure(ranks: RankGroup, failure: Optional[BaseException], callback: Any) -> NoReturn:
+def _raise_failure(ranks: RankGroup, failure: BaseException | None, callback: Any) -> NoReturn:
     local = None if failure is None else f"{type(failure).__name__}: {failure}"
     reports = all_gather_objects(local, ranks)
     details = "; ".join(f"rank {rank}: {report}" for rank, report in enumerate(reports) if report is not None)
@@ -316,7 +316,7 @@ def _as_vote(decision: Any, source: str) -> bool:
 def _local_decisions(strategy: Any) -> Iterator[None]:
     """Within the block, ``strategy.reduce_boolean_decision`` returns this rank's own decision (no collective)."""
     previous = strategy.__dict__.get("reduce_boolean_decision")
-    local: Callable[..., Any] = lambda decision, all=True: decision  # noqa: E731, A002
+    local: Callable[..., Any] = lambda decision, all=True: decision  # noqa: E731
     strategy.reduce_boolean_decision = local
     try:
         yield
@@ -346,14 +346,14 @@ class _LocalTopK:
 
     def __init__(self) -> None:
         self.scores: dict[int, Tensor] = {}
-        self.kth: Optional[int] = None
+        self.kth: int | None = None
         self._next = 0
         self._mirrors: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, callback: ModelCheckpoint) -> "_LocalTopK":
         """The callback's view, rebuilt from its visible state if that changed behind our back (e.g. a resume)."""
-        view: Optional[_LocalTopK] = callback.__dict__.get(_LOCAL_TOP_K)
+        view: _LocalTopK | None = callback.__dict__.get(_LOCAL_TOP_K)
         if view is None or view._mirrors != tuple(callback.best_k_models):
             view = cls()
             for path, score in callback.best_k_models.items():

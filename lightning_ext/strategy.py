@@ -5,16 +5,17 @@ decisions themselves live in :mod:`lightning_ext.decisions`, reached from the ca
 :mod:`lightning_ext._runtime` (or of a Lightning patched with ``patches/``).
 """
 
+from collections.abc import Callable
 from datetime import timedelta
-from typing import Any, Callable, Literal, Optional
+from typing import Any, Literal
 
 import torch
 from lightning.fabric.plugins import CheckpointIO, ClusterEnvironment
-from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
 from lightning.fabric.strategies.registry import _StrategyRegistry
 from lightning.pytorch.accelerators import Accelerator
 from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
+from torch.distributed.constants import default_pg_timeout
 from typing_extensions import override
 
 from lightning_ext import _runtime
@@ -50,17 +51,17 @@ class PolicyDDPStrategy(DDPStrategy):
 
     def __init__(
         self,
-        accelerator: Optional[Accelerator] = None,
-        parallel_devices: Optional[list[torch.device]] = None,
-        cluster_environment: Optional[ClusterEnvironment] = None,
-        checkpoint_io: Optional[CheckpointIO] = None,
-        precision_plugin: Optional[Precision] = None,
-        ddp_comm_state: Optional[object] = None,
-        ddp_comm_hook: Optional[Callable[..., Any]] = None,
-        ddp_comm_wrapper: Optional[Callable[..., Any]] = None,
-        model_averaging_period: Optional[int] = None,
-        process_group_backend: Optional[str] = None,
-        timeout: Optional[timedelta] = default_pg_timeout,
+        accelerator: Accelerator | None = None,
+        parallel_devices: list[torch.device] | None = None,
+        cluster_environment: ClusterEnvironment | None = None,
+        checkpoint_io: CheckpointIO | None = None,
+        precision_plugin: Precision | None = None,
+        ddp_comm_state: object | None = None,
+        ddp_comm_hook: Callable[..., Any] | None = None,
+        ddp_comm_wrapper: Callable[..., Any] | None = None,
+        model_averaging_period: int | None = None,
+        process_group_backend: str | None = None,
+        timeout: timedelta | None = default_pg_timeout,
         start_method: Literal["popen", "spawn", "fork", "forkserver"] = "popen",
         *,
         checkpoint_policy: PolicyLike = "all",

@@ -11,6 +11,7 @@ and a ``RankTimeout`` naming the silent ranks. A broken pool is replaced on the 
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import multiprocessing as mp
 import os
@@ -149,10 +150,8 @@ class RankPool:
     def close(self) -> None:
         """Stop the ranks (politely, then by force)."""
         for tasks in self._tasks:
-            try:
+            with contextlib.suppress(Exception):
                 tasks.put(None)
-            except Exception:
-                pass
         deadline = time.monotonic() + 5
         for process in self._processes:
             process.join(max(0.0, deadline - time.monotonic()))

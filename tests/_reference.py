@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import copy
 import math
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from lightning.pytorch.callbacks.early_stopping import EarlyStoppingReason
@@ -55,7 +55,7 @@ def as_float32(value: float) -> torch.Tensor:
 class _LocalStrategy(tasks.StandInStrategy):
     """A single-process stand-in whose reduce_boolean_decision returns the rank's own (or a preset) decision."""
 
-    def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:  # noqa: A002
+    def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:
         return decision
 
 
@@ -66,7 +66,7 @@ def missing_message(present: list[bool]) -> str:
 
 
 def top_k_sequence(
-    policy: Any, mode: str, save_top_k: int, table: list[list[Optional[float]]], accs: list[list[Optional[float]]]
+    policy: Any, mode: str, save_top_k: int, table: list[list[float | None]], accs: list[list[float | None]]
 ) -> list[list[dict[str, Any]]]:
     """The state each rank must show after each epoch, or raises ``Expected`` at the epoch where every rank errors."""
     world, epochs = len(table), len(table[0])
@@ -112,7 +112,7 @@ def top_k_sequence(
 
 
 def early_stop_round(
-    policy: Any, config: dict[str, Any], starts: list[tuple[float, int]], values: list[Optional[float]]
+    policy: Any, config: dict[str, Any], starts: list[tuple[float, int]], values: list[float | None]
 ) -> list[dict[str, Any]]:
     """What each rank must report after one early-stopping check, or raises ``Expected``."""
     world = len(values)

@@ -8,7 +8,7 @@ exactly as under ``torchrun``. Each rank returns what it ended with, for the par
 from __future__ import annotations
 
 import os
-from typing import Any, Optional
+from typing import Any
 
 import lightning as L
 import torch
@@ -21,7 +21,7 @@ from lightning_ext import PolicyDDPStrategy
 class TableModule(L.LightningModule):
     """Logs ``val_loss`` = ``table[rank][epoch]``, un-synced, so ranks see different values."""
 
-    def __init__(self, table: list[list[Optional[float]]], sync_dist: bool = False, log_on: str = "all") -> None:
+    def __init__(self, table: list[list[float | None]], sync_dist: bool = False, log_on: str = "all") -> None:
         super().__init__()
         self.table = table
         self.sync_dist = sync_dist
@@ -36,7 +36,11 @@ class TableModule(L.LightningModule):
     def validation_step(self, batch: Any, batch_idx: int) -> None:
         rank, epoch = self.trainer.global_rank, self.current_epoch
         value = self.table[rank][min(epoch, len(self.table[rank]) - 1)]
-        if self.log_on == "rank_zero" and not self.trainer.is_global_zero:
+        if self.log_on == "none":
+            return
+        if self.log_on == "rank_zero":  # the classic mistake: only rank 0 logs the monitored metric
+            if self.trainer.is_global_zero:
+                self.log("val_loss", torch.tensor(value), rank_zero_only=True)
             return
         if value is not None:
             self.log("val_loss", torch.tensor(value), sync_dist=self.sync_dist)
@@ -52,7 +56,7 @@ class RecordingCheckpoint(ModelCheckpoint):
         super().__init__(*args, **kwargs)
         self.saves: list[str] = []
 
-    def _save_checkpoint(self, trainer: "L.Trainer", filepath: str) -> None:
+    def _save_checkpoint(self, trainer: L.Trainer, filepath: str) -> None:
         self.saves.append(os.path.basename(filepath))
         super()._save_checkpoint(trainer, filepath)
 
@@ -60,13 +64,22 @@ class RecordingCheckpoint(ModelCheckpoint):
 class MarginCheckpoint(RecordingCheckpoint):
     """A user's own top-k rule: a checkpoint must beat the k-th best by a margin (min mode)."""
 
-    def check_monitor_top_k(self, trainer: "L.Trainer", current: Optional[torch.Tensor] = None) -> bool:
+    def check_monitor_top_k(self, trainer: L.Trainer, current: torch.Tensor | None = None) -> bool:
         if current is None:
             return False
         if len(self.best_k_models) < self.save_top_k:
             return True
         decision = bool(current < self.best_k_models[self.kth_best_model_path] - 0.75)
         return trainer.strategy.reduce_boolean_decision(decision)
+
+
+class FlakyCheckpoint(RecordingCheckpoint):
+    """Rank 1's top-k rule answers with a string instead of a bool."""
+
+    def check_monitor_top_k(self, trainer: L.Trainer, current: torch.Tensor | None = None) -> bool:
+        if trainer.global_rank == 1:
+            return "yes"  # type: ignore[return-value]
+        return super().check_monitor_top_k(trainer, current)
 
 
 def _loader() -> DataLoader:
@@ -86,12 +99,12 @@ def make_strategy(spec: Any) -> Any:
 def fit(
     root: str,
     strategy: Any,
-    table: list[list[Optional[float]]],
+    table: list[list[float | None]],
     *,
     max_epochs: int = 6,
-    checkpoint: Optional[dict[str, Any]] = None,
+    checkpoint: dict[str, Any] | None = None,
     checkpoint_class: str = "RecordingCheckpoint",
-    early_stopping: Optional[dict[str, Any]] = None,
+    early_stopping: dict[str, Any] | None = None,
     sync_dist: bool = False,
     log_on: str = "all",
 ) -> dict[str, Any]:
@@ -130,7 +143,9 @@ def fit(
         result["best_k_models"] = sorted(os.path.basename(path) for path in checkpoint_cb.best_k_models)
         result["kth_best_model_path"] = os.path.basename(checkpoint_cb.kth_best_model_path)
         result["last_model_path"] = os.path.basename(checkpoint_cb.last_model_path)
-        result["best_model_score"] = None if checkpoint_cb.best_model_score is None else float(checkpoint_cb.best_model_score)
+        result["best_model_score"] = (
+            None if checkpoint_cb.best_model_score is None else float(checkpoint_cb.best_model_score)
+        )
         directory = os.path.join(root, "checkpoints")
         result["files"] = sorted(os.listdir(directory)) if os.path.isdir(directory) else []
     if early_cb is not None:

@@ -8,7 +8,7 @@ cross-rank exchange goes through ``torch.distributed`` for real.
 from __future__ import annotations
 
 import math
-from typing import Any, Optional
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -33,6 +33,16 @@ class TwoThirds(VotePolicy):
         return "TwoThirds()"
 
 
+class UndecidedPolicy(VotePolicy):
+    """A broken user policy: its decision is not a bool."""
+
+    def decide(self, tally: VoteTally) -> bool:
+        return None  # type: ignore[return-value]
+
+    def __repr__(self) -> str:
+        return "UndecidedPolicy()"
+
+
 class StandInStrategy:
     """What the decision code reads from a strategy; its own reduce_boolean_decision must never be reached."""
 
@@ -44,8 +54,10 @@ class StandInStrategy:
         self.early_stopping_policy = None if early_stopping_policy is None else resolve_policy(early_stopping_policy)
         self.removed: list[str] = []
 
-    def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:  # noqa: A002
-        raise AssertionError("the stock reduce_boolean_decision was reached: the policy path must make the only exchange")
+    def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:
+        raise AssertionError(
+            "the stock reduce_boolean_decision was reached: the policy path must make the only exchange"
+        )
 
     def remove_checkpoint(self, filepath: str) -> None:
         self.removed.append(filepath)
@@ -96,11 +108,11 @@ def make_checkpoint(mode: str, save_top_k: int) -> ModelCheckpoint:
     )
 
 
-def tensor(value: Optional[float]) -> Optional[torch.Tensor]:
+def tensor(value: float | None) -> torch.Tensor | None:
     return None if value is None else torch.tensor(value, dtype=torch.float32)
 
 
-def candidates(epoch: int, value: Optional[float], acc: Optional[float]) -> dict[str, torch.Tensor]:
+def candidates(epoch: int, value: float | None, acc: float | None) -> dict[str, torch.Tensor]:
     found = {"epoch": torch.tensor(epoch), "step": torch.tensor(10 * epoch)}
     if value is not None:
         found["val_loss"] = torch.tensor(value, dtype=torch.float32)
@@ -124,14 +136,14 @@ def checkpoint_state(callback: ModelCheckpoint, trainer: StandInTrainer, vote: b
 
 
 def top_k_sequences(
-    policies: list[Any], mode: str, save_top_k: int, values: list[Optional[float]], accs: list[Optional[float]]
+    policies: list[Any], mode: str, save_top_k: int, values: list[float | None], accs: list[float | None]
 ) -> list[list[dict[str, Any]]]:
     """:func:`top_k_sequence` for each policy in turn, on the same values."""
     return [top_k_sequence(policy, mode, save_top_k, values, accs) for policy in policies]
 
 
 def top_k_sequence(
-    policy: Any, mode: str, save_top_k: int, values: list[Optional[float]], accs: list[Optional[float]]
+    policy: Any, mode: str, save_top_k: int, values: list[float | None], accs: list[float | None]
 ) -> list[dict[str, Any]]:
     """Run ``save_topk_checkpoint`` once per epoch with this rank's values; the state after each epoch."""
     ranks = rank_group()
@@ -162,14 +174,14 @@ def early_stopping_state(callback: EarlyStopping) -> dict[str, Any]:
 
 
 def early_stop_rounds(
-    policies: list[Any], config: dict[str, Any], starts: list[tuple[float, int]], value: Optional[float]
+    policies: list[Any], config: dict[str, Any], starts: list[tuple[float, int]], value: float | None
 ) -> list[dict[str, Any]]:
     """:func:`early_stop_round` for each policy in turn (with its own starting state), on the same value."""
     return [early_stop_round(policy, config, *start, value) for policy, start in zip(policies, starts)]
 
 
 def early_stop_round(
-    policy: Any, config: dict[str, Any], best_score: float, wait_count: int, value: Optional[float]
+    policy: Any, config: dict[str, Any], best_score: float, wait_count: int, value: float | None
 ) -> dict[str, Any]:
     """One ``run_early_stopping_check`` with this rank's starting state and value."""
     ranks = rank_group()

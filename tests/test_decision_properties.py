@@ -9,7 +9,8 @@ must end in the same visible state.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch.distributed as dist
@@ -39,7 +40,7 @@ def run_on_ranks(rank_pools: Any, world: int, target: str, per_rank: list[tuple[
     """Every rank's result; world size 1 runs here, with no process group at all."""
     if world == 1:
         assert not (dist.is_available() and dist.is_initialized())
-        module, name = target.split(":")
+        name = target.split(":")[1]
         function: Callable[..., Any] = getattr(tasks, name)
         return [function(*per_rank[0])]
     return rank_pools(world).run(target, *per_rank)
@@ -81,7 +82,9 @@ def exchange_cases(draw: st.DrawFn) -> tuple[int, str, bool, int, list[Observati
     n_extras = draw(st.integers(0, 2))
     value = st.one_of(st.none(), VALUES) if draw(st.integers(0, 5)) == 0 else VALUES
     observations = [
-        Observation(draw(value), draw(st.booleans()), tuple(draw(st.one_of(st.none(), VALUES)) for _ in range(n_extras)))
+        Observation(
+            draw(value), draw(st.booleans()), tuple(draw(st.one_of(st.none(), VALUES)) for _ in range(n_extras))
+        )
         for _ in range(world)
     ]
     return world, kind, draw(st.booleans()), n_extras, observations
@@ -134,7 +137,9 @@ def test_property_top_k_matches_reference_and_every_rank_agrees(rank_pools: Any,
     results = run()
     for index, policy in enumerate(policies):
         per_policy = [results[rank][index] for rank in range(world)]
-        visible = [[{k: v for k, v in state.items() if k != "local_scores"} for state in states] for states in per_policy]
+        visible = [
+            [{k: v for k, v in state.items() if k != "local_scores"} for state in states] for states in per_policy
+        ]
         same_everywhere(visible)
         for rank in range(world):
             assert _plain(per_policy[rank]) == _plain(expected[index][rank]), f"{policy!r}, rank {rank}"
@@ -160,7 +165,9 @@ def early_stop_cases(draw: st.DrawFn) -> tuple[int, dict[str, Any], list[list[tu
         else:
             starts.append([(draw(DYADIC), draw(st.integers(0, 3))) for _ in range(world)])
     pattern = draw(st.sampled_from(["all"] * 12 + ["none", "mixed"]))
-    values = [draw(VALUES) if pattern == "all" or (pattern == "mixed" and draw(st.booleans())) else None for _ in range(world)]
+    values = [
+        draw(VALUES) if pattern == "all" or (pattern == "mixed" and draw(st.booleans())) else None for _ in range(world)
+    ]
     return world, config, starts, values
 
 

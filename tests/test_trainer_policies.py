@@ -107,7 +107,9 @@ def assert_agreed(results: list[dict[str, Any]], keys: tuple[str, ...]) -> None:
 
 
 @pytest.mark.parametrize(("table", "expected"), [(TABLE_2, SAVES_2), (TABLE_3, SAVES_3)], ids=["2ranks", "3ranks"])
-def test_checkpoint_policies_save_what_their_rule_says(rank_pools: Any, tmp_path: Any, table: Any, expected: Any) -> None:
+def test_checkpoint_policies_save_what_their_rule_says(
+    rank_pools: Any, tmp_path: Any, table: Any, expected: Any
+) -> None:
     world = len(table)
     pool = rank_pools(world)
     for name, saves in expected.items():
@@ -122,7 +124,9 @@ def test_checkpoint_policies_save_what_their_rule_says(rank_pools: Any, tmp_path
 
 
 @pytest.mark.parametrize(("table", "expected"), [(ES_TABLE_2, STOP_2), (ES_TABLE_3, STOP_3)], ids=["2ranks", "3ranks"])
-def test_early_stopping_policies_stop_when_their_rule_says(rank_pools: Any, tmp_path: Any, table: Any, expected: Any) -> None:
+def test_early_stopping_policies_stop_when_their_rule_says(
+    rank_pools: Any, tmp_path: Any, table: Any, expected: Any
+) -> None:
     world = len(table)
     pool = rank_pools(world)
     stopping = {"monitor": "val_loss", "patience": 1, "mode": "min"}
@@ -148,7 +152,7 @@ STOCK_CASES = {
 
 @pytest.mark.parametrize("case", list(STOCK_CASES))
 def test_default_flags_match_stock_ddp_side_by_side(rank_pools: Any, tmp_path: Any, case: str) -> None:
-    """``PolicyDDPStrategy()`` saves exactly the checkpoints, and stops at exactly the epoch, of stock ``DDPStrategy``."""
+    """``PolicyDDPStrategy()`` saves the same checkpoints, and stops at the same epoch, as stock ``DDPStrategy``."""
     table, checkpoint, synced = STOCK_CASES[case]
     pool = rank_pools(len(table))
     stopping = {"monitor": "val_loss", "patience": 2, "mode": checkpoint.get("mode", "min")}
@@ -164,9 +168,17 @@ def test_default_flags_match_stock_ddp_side_by_side(rank_pools: Any, tmp_path: A
         )
     stock, policy = runs["stock"], runs["policy"]
     assert [r["strategy"] for r in stock + policy] == ["DDPStrategy"] * len(table) + ["PolicyDDPStrategy"] * len(table)
-    for key in ("files", "saves", "best_model_path", "best_k_models", "best_model_score", "stopped_epoch", "current_epoch"):
+    for key in (
+        "files",
+        "saves",
+        "best_model_path",
+        "best_k_models",
+        "best_model_score",
+        "stopped_epoch",
+        "current_epoch",
+    ):
         assert policy[0][key] == stock[0][key], key  # rank 0: what stock writes to disk
-    assert_agreed(policy, AGREED + ("stopped_epoch",))  # and every rank agrees with it
+    assert_agreed(policy, (*AGREED, "stopped_epoch"))  # and every rank agrees with it
 
 
 def test_stock_ranks_disagree_on_paths_where_policy_ranks_agree(rank_pools: Any, tmp_path: Any) -> None:

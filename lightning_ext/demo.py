@@ -1,0 +1,196 @@
+"""The demo: a tiny model trained with DDP on CPU processes under each policy, and what each policy decided.
+
+Run ``python -m lightning_ext.demo`` (or ``make demo``). Each rank validates on its own shard and logs ``val_loss``
+without syncing it, as many users do, so the ranks see different numbers. The same training runs under stock
+``DDPStrategy`` and under ``PolicyDDPStrategy`` with each policy; rank 0 prints, epoch by epoch, every rank's value
+and which runs saved a new best checkpoint (``*``) or stopped (``stop``).
+"""
+
+import argparse
+import logging
+import os
+import shutil
+import warnings
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+from torch.utils.data import DataLoader, TensorDataset
+
+from lightning_ext.policies import Quorum
+from lightning_ext.strategy import PolicyDDPStrategy
+
+__all__ = ["main"]
+
+_STOCK = object()
+_POLICIES: list[tuple[str, Any]] = [  # (column, policy for both decisions); "defaults" is all/any, stock's rules
+    ("stock ddp", _STOCK),
+    ("defaults", None),
+    ("all", "all"),
+    ("any", "any"),
+    ("majority", "majority"),
+    ("rank_zero", "rank_zero"),
+    ("quorum(2)", Quorum(2)),
+    ("mean", "mean"),
+    ("min", "min"),
+    ("max", "max"),
+]
+
+
+class _ShardedRegression(L.LightningModule):
+    """Linear regression; each rank validates on a small, noisy shard of its own (a new draw every epoch)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(8, 1)
+        self.local_val_losses: list[float] = []
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        return torch.nn.functional.mse_loss(self.layer(x), y)
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        x, y = batch
+        self.log("val_loss", torch.nn.functional.mse_loss(self.layer(x), y))  # un-synced: each rank's own view
+
+    def on_validation_epoch_end(self) -> None:
+        self.local_val_losses.append(float(self.trainer.callback_metrics["val_loss"]))
+
+    def val_dataloader(self) -> "DataLoader[Any]":
+        rank, epoch = self.trainer.global_rank, self.current_epoch
+        generator = torch.Generator().manual_seed(1000 * rank + epoch)
+        x = torch.randn(12, 8, generator=generator)
+        noise = (0.5 + 0.5 * rank) * torch.randn(12, 1, generator=generator)
+        return DataLoader(TensorDataset(x, x @ _TRUE_WEIGHTS + noise), batch_size=12)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.05)
+
+
+_TRUE_WEIGHTS = torch.linspace(-1, 1, 8).unsqueeze(1)
+
+
+class _RecordingCheckpoint(ModelCheckpoint):
+    """Remembers at which epochs a new top-k checkpoint was saved."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.saved_epochs: list[int] = []
+
+    def _save_checkpoint(self, trainer: L.Trainer, filepath: str) -> None:
+        self.saved_epochs.append(trainer.current_epoch)
+        super()._save_checkpoint(trainer, filepath)
+
+
+def _train_loader() -> "DataLoader[Any]":
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 8, generator=generator)
+    y = x @ _TRUE_WEIGHTS + 0.3 * torch.randn(64, 1, generator=generator)
+    return DataLoader(TensorDataset(x, y), batch_size=16)
+
+
+def _run(policy: Any, devices: int, epochs: int, root: str) -> dict[str, Any]:
+    if policy is _STOCK:
+        strategy: Any = "ddp"
+    elif policy is None:
+        strategy = PolicyDDPStrategy()
+    else:
+        strategy = PolicyDDPStrategy(checkpoint_policy=policy, early_stopping_policy=policy)
+    checkpoint = _RecordingCheckpoint(
+        dirpath=os.path.join(root, "checkpoints"), monitor="val_loss", filename="{epoch}-{val_loss:.3f}"
+    )
+    stopping = EarlyStopping(monitor="val_loss", patience=3)
+    L.seed_everything(0, verbose=False)  # every run trains identically: only the decisions differ
+    model = _ShardedRegression()
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=devices,
+        strategy=strategy,
+        max_epochs=epochs,
+        callbacks=[checkpoint, stopping],
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        reload_dataloaders_every_n_epochs=1,
+        default_root_dir=root,
+    )
+    trainer.fit(model, train_dataloaders=_train_loader())
+    epochs_run = len(model.local_val_losses)
+    local = torch.full((epochs,), float("nan"))
+    local[:epochs_run] = torch.tensor(model.local_val_losses)
+    every_rank = trainer.strategy.all_gather(local).reshape(devices, epochs)  # [rank, epoch], for the table only
+    return {
+        "values": every_rank.tolist(),
+        "saved": checkpoint.saved_epochs,
+        "stopped": stopping.stopped_epoch if trainer.should_stop else None,
+        "epochs_run": epochs_run,
+        "best": os.path.basename(checkpoint.best_model_path),
+        "rank": trainer.global_rank,
+    }
+
+
+def _table(runs: dict[str, dict[str, Any]], devices: int, epochs: int) -> str:
+    names = list(runs)
+    # training does not depend on the policy (only when it stops), so any run that reached an epoch has its values
+    values = [[float("nan")] * epochs for _ in range(devices)]
+    for run in runs.values():
+        for rank in range(devices):
+            for epoch in range(run["epochs_run"]):
+                values[rank][epoch] = run["values"][rank][epoch]
+    width = max(9, *(len(name) for name in names))
+    header = ["epoch", *(f"rank {r}" for r in range(devices)), *names]
+    widths = [5] + [7] * devices + [width] * len(names)
+    lines = [" ".join(h.rjust(w) for h, w in zip(header, widths, strict=True))]
+    for epoch in range(epochs):
+        if all(epoch >= run["epochs_run"] for run in runs.values()):
+            break
+        cells = [str(epoch)]
+        cells += [f"{values[r][epoch]:.3f}" if values[r][epoch] == values[r][epoch] else "-" for r in range(devices)]
+        for name in names:
+            run = runs[name]
+            if epoch >= run["epochs_run"]:
+                cells.append("")
+                continue
+            mark = "*" if epoch in run["saved"] else "."
+            cells.append(mark + (" stop" if run["stopped"] == epoch else ""))
+        lines.append(" ".join(c.rjust(w) for c, w in zip(cells, widths, strict=True)))
+    lines.append("")
+    lines.append("best checkpoint per run:")
+    for name in names:
+        lines.append(f"  {name:>{width}}: {runs[name]['best']}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--devices", type=int, default=3, help="CPU processes (ranks); default 3")
+    parser.add_argument("--epochs", type=int, default=10, help="maximum epochs per run; default 10")
+    parser.add_argument("--root", default="demo_logs", help="where checkpoints go; default ./demo_logs")
+    args = parser.parse_args(argv)
+
+    for name in ("lightning.pytorch", "lightning.fabric"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    warnings.filterwarnings("ignore", message=".*sync_dist=True.*")
+    warnings.filterwarnings("ignore", message=".*does not have many workers.*")
+    warnings.filterwarnings("ignore", message=".*LeafSpec.*")
+    warnings.filterwarnings("ignore", message=".*all_gather is deprecated.*")
+    runs = {}
+    for name, policy in _POLICIES:
+        root = os.path.join(args.root, name.replace(" ", "_").replace("(", "").replace(")", ""))
+        if os.environ.get("LOCAL_RANK", "0") == "0" and os.path.isdir(root):
+            shutil.rmtree(root)
+        runs[name] = _run(policy, args.devices, args.epochs, root)
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()  # a clean exit for every rank
+    if runs["stock ddp"]["rank"] == 0:
+        print(f"\nval_loss per rank (un-synced), and each run's decisions ({args.devices} CPU ranks, gloo):")
+        print("  * = saved a new best checkpoint (save_top_k=1)   stop = EarlyStopping(patience=3) stopped all ranks")
+        print("  'defaults' is PolicyDDPStrategy() (checkpoint 'all', early stopping 'any'); every other column uses")
+        print("  its policy for both decisions. Every rank of every run ended with the same decisions and paths.\n")
+        print(_table(runs, args.devices, args.epochs))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,145 @@
+"""The strategy's surface: DDPStrategy's arguments, the registry, LightningCLI, real launches, the seams."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import lightning as L
+import pytest
+from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
+
+import lightning_ext
+from lightning_ext import AggregatePolicy, AllRanks, AnyRank, PolicyDDPStrategy, Quorum, patch_mode
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_takes_every_ddp_strategy_argument_with_the_same_default() -> None:
+    ours = inspect.signature(PolicyDDPStrategy.__init__).parameters
+    for name, parameter in inspect.signature(DDPStrategy.__init__).parameters.items():
+        assert name in ours, name
+        assert ours[name].default == parameter.default, name
+    for name in ("checkpoint_policy", "early_stopping_policy"):
+        assert ours[name].kind is inspect.Parameter.KEYWORD_ONLY
+
+
+def test_ddp_arguments_reach_ddp() -> None:
+    strategy = PolicyDDPStrategy(start_method="spawn", find_unused_parameters=True, process_group_backend="gloo")
+    assert strategy._start_method == "spawn"
+    assert strategy._ddp_kwargs == {"find_unused_parameters": True}
+    assert strategy._process_group_backend == "gloo"
+    assert isinstance(strategy, DDPStrategy)
+
+
+def test_defaults_are_stock_rules() -> None:
+    strategy = PolicyDDPStrategy()
+    assert strategy.checkpoint_policy == AllRanks() and strategy.early_stopping_policy == AnyRank()
+
+
+def test_unknown_policy_name_is_rejected_with_the_valid_names() -> None:
+    with pytest.raises(ValueError, match=r"Unknown decision policy 'avg'\. Valid names: 'all', 'any'"):
+        PolicyDDPStrategy(checkpoint_policy="avg")
+
+
+@pytest.mark.parametrize("name", ["all", "any", "majority", "rank_zero", "mean", "min", "max"])
+def test_registry_names_build_the_strategy(name: str) -> None:
+    assert f"ddp_{name}" in StrategyRegistry
+    trainer = L.Trainer(strategy=f"ddp_{name}", accelerator="cpu", devices=2, logger=False)
+    assert isinstance(trainer.strategy, PolicyDDPStrategy)
+    assert (
+        trainer.strategy.checkpoint_policy
+        == trainer.strategy.early_stopping_policy
+        == lightning_ext.resolve_policy(name)
+    )
+
+
+def test_registry_default_name_keeps_stock_rules() -> None:
+    trainer = L.Trainer(strategy="ddp_policy", accelerator="cpu", devices=2, logger=False)
+    assert trainer.strategy.checkpoint_policy == AllRanks()
+    assert trainer.strategy.early_stopping_policy == AnyRank()
+
+
+def test_lightning_cli_yaml_config(tmp_path: Path) -> None:
+    pytest.importorskip("jsonargparse")
+    from lightning.pytorch.cli import LightningCLI
+    from lightning.pytorch.demos.boring_classes import BoringDataModule, BoringModel
+
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        textwrap.dedent(
+            """
+            trainer:
+              accelerator: cpu
+              devices: 2
+              logger: false
+              strategy:
+                class_path: lightning_ext.PolicyDDPStrategy
+                init_args:
+                  start_method: spawn
+                  checkpoint_policy: mean
+                  early_stopping_policy:
+                    class_path: lightning_ext.Quorum
+                    init_args:
+                      k: 2
+            """
+        )
+    )
+    cli = LightningCLI(BoringModel, BoringDataModule, run=False, args=["--config", str(config)])
+    strategy = cli.trainer.strategy
+    assert isinstance(strategy, PolicyDDPStrategy)
+    assert strategy.checkpoint_policy == AggregatePolicy("mean")
+    assert strategy.early_stopping_policy == Quorum(2)
+    assert strategy._start_method == "spawn"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("start_method", "devices"), [("popen", 2), ("spawn", 3)])
+def test_real_launch(tmp_path: Path, start_method: str, devices: int) -> None:
+    """A user's script, launched by Lightning itself (subprocess re-launch or torch.multiprocessing spawn)."""
+    out = tmp_path / "ranks.jsonl"
+    script = REPO / "tests" / "scripts" / "launch.py"
+    process = subprocess.run(
+        [sys.executable, str(script), str(out), start_method, str(devices), "mean"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )
+    assert process.returncode == 0, f"launch failed (every rank's output below):\n{process.stdout}\n{process.stderr}"
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert sorted(r["rank"] for r in records) == list(range(devices))
+    assert len({r["pid"] for r in records}) == devices
+    # mean of the table's ranks: e0 4.0; e1 4.0 (2 ranks) or 4.33 (3): no save; e2 4.0/4.17: no; e3 2.5/3.67: save
+    best = {2: "epoch=3-val_loss=2.50.ckpt", 3: "epoch=3-val_loss=3.67.ckpt"}[devices]
+    assert {r["best"] for r in records} == {best}
+    assert (tmp_path / "checkpoints" / best).exists()
+
+
+def test_seams_are_installed_and_inert_for_stock_strategies() -> None:
+    from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+
+    assert patch_mode() == "runtime"
+    assert getattr(ModelCheckpoint._save_topk_checkpoint, "__lightning_ext_seam__", False)
+    assert getattr(EarlyStopping._run_early_stopping_check, "__lightning_ext_seam__", False)
+    assert lightning_ext._runtime.seams_available()
+
+
+def test_runtime_patching_switched_off_on_an_unpatched_lightning_is_a_clear_error() -> None:
+    code = "import lightning_ext; lightning_ext.PolicyDDPStrategy()"
+    process = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "LIGHTNING_EXT_RUNTIME_PATCHING": "0"},
+    )
+    assert process.returncode != 0
+    assert "not patched and runtime patching is switched off" in process.stderr
+    assert "python -m lightning_ext.patches apply" in process.stderr
