@@ -1,0 +1,330 @@
+"""The patch tool: check, apply and revert a ``git format-patch`` series on synthetic and real Lightning trees."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from lightning_ext import patches
+from lightning_ext.patches import HunkStatus, PatchError, SeriesNotApplicableError, SeriesState
+from lightning_ext.patches.__main__ import main
+from lightning_ext.patches._series import load_series
+from tests._patch_fixtures import GitSeries, contents, copy_target, make_git_series, replace, snapshot
+
+MC = "pytorch/callbacks/model_checkpoint.py"
+TRAINER = "pytorch/trainer/trainer.py"
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory: pytest.TempPathFactory) -> GitSeries:
+    return make_git_series(tmp_path_factory.mktemp("git-series"))
+
+
+@pytest.fixture
+def target(made: GitSeries, tmp_path: Path) -> Path:
+    """A fresh pristine copy of the synthetic target, every file with an old mtime."""
+    return copy_target(made.target, tmp_path / "site-packages" / "lightning")
+
+
+def _expected(made: GitSeries) -> dict[str, bytes]:
+    return {**made.original, **made.patched}
+
+
+def test_series_is_parsed_from_format_patch_files(made: GitSeries) -> None:
+    series = load_series(made.series)
+    assert [patch.name for patch in series.patches] == list(made.patch_names)
+    assert [patch.subject for patch in series.patches] == ["Add the checkpoint seam", "Add the trainer seam"]
+    first = series.patches[0]
+    assert [str(change.path) for change in first.changes] == ["pytorch/callbacks/early_stopping.py", MC]
+    assert len(first.changes[1].hunks) == 2
+    for patch in series.patches:  # headers read back exactly as git wrote them
+        written = re.findall(r"^@@ -\S+ \+\S+ @@", (made.series / patch.name).read_text(), flags=re.MULTILINE)
+        assert [hunk.header for change in patch.changes for hunk in change.hunks] == written
+    assert first.changes[0].hunks[0].old[0].endswith("\r\n")  # CRLF kept
+    trainer = series.patches[1].changes[1].hunks[0]
+    assert trainer.old[-1] == "    trainer_9 = 9" and trainer.new[-1] == "    seam = True"  # "\ No newline"
+
+
+def test_check_on_a_pristine_tree_is_all_ok(made: GitSeries, target: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    before = snapshot(target)
+    report = patches.check(target=target, series=made.series)
+    assert report.state is SeriesState.CLEAN and report.ok and report.version == "2.6.6"
+    assert [hunk.describe() for hunk in report.hunks] == ["OK"] * 5
+    assert main(["check", "--target", str(target), "--series", str(made.series)]) == 0
+    out = capsys.readouterr().out
+    assert f"{made.patch_names[0]}: Add the checkpoint seam" in out
+    assert f"  lightning/{MC} @@ -4,6 +4,7 @@: OK" in out
+    assert "result: the series applies cleanly (2 patches, 5 hunks)" in out
+    assert snapshot(target) == before
+
+
+@pytest.mark.parametrize(
+    ("edit", "shown"),
+    [
+        (lambda data: b"# one\n# two\n" + data, "OK (offset +2 lines)"),
+        (lambda data: data.removeprefix(b"class ModelCheckpoint:\n"), "OK (offset -1 line)"),
+    ],
+)
+def test_check_reports_an_offset_and_apply_follows_it(
+    made: GitSeries, target: Path, edit: Callable[[bytes], bytes], shown: str
+) -> None:
+    (target / MC).write_bytes(edit(made.original[MC]))
+    report = patches.check(target=target, series=made.series)
+    by_hunk = {(hunk.patch, hunk.header): hunk.describe() for hunk in report.hunks if hunk.file == f"lightning/{MC}"}
+    assert set(by_hunk.values()) == {shown} and len(by_hunk) == 3
+    assert report.ok
+    patches.apply(target=target, series=made.series)
+    assert (target / MC).read_bytes() == edit(made.patched[MC])
+
+
+def test_altered_context_fails_the_hunk_and_apply_touches_nothing(
+    made: GitSeries, target: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (target / TRAINER).write_bytes(made.original[TRAINER].replace(b"trainer_7 = 7", b"trainer_7 = 'seven'"))
+    os.utime(target / TRAINER, ns=(10**18, 10**18))
+    before = snapshot(target)
+    report = patches.check(target=target, series=made.series)
+    assert report.state is SeriesState.CONFLICT and not report.ok
+    (failing,) = [hunk for hunk in report.hunks if hunk.status is HunkStatus.FAILS]
+    assert (failing.patch, failing.file, failing.header) == (
+        made.patch_names[1],
+        f"lightning/{TRAINER}",
+        "@@ -8,4 +8,5 @@",
+    )
+    assert failing.mismatch is not None and failing.mismatch.line == 9
+    assert failing.mismatch.expected == "    trainer_7 = 7\n" and failing.mismatch.found == "    trainer_7 = 'seven'\n"
+    assert main(["check", "--target", str(target), "--series", str(made.series)]) == 1
+    out = capsys.readouterr().out
+    assert f"  lightning/{TRAINER} @@ -8,4 +8,5 @@: FAILS\n    line 9: expected '    trainer_7 = 7', found" in out
+    assert f"result: the series does not apply: {made.patch_names[1]}: 1 of 2 hunks fail\n" in out
+    with pytest.raises(SeriesNotApplicableError, match="refusing to apply: the series does not apply"):
+        patches.apply(target=target, series=made.series)
+    assert main(["apply", "--target", str(target), "--series", str(made.series)]) == 1
+    assert "error: refusing to apply" in capsys.readouterr().err
+    assert snapshot(target) == before  # bytes, mtimes and modes of every file, and no stray temporary file
+
+
+def test_apply_apply_revert_revert_round_trip(made: GitSeries, target: Path) -> None:
+    (target / MC).chmod(0o754)
+    pristine = snapshot(target)
+    outcome = patches.apply(target=target, series=made.series)
+    assert outcome.action == "applied"
+    assert sorted(path.relative_to(target).as_posix() for path in outcome.written) == sorted(made.patched)
+    assert contents(target) == _expected(made)
+    assert (target / MC).stat().st_mode & 0o777 == 0o754
+    applied = snapshot(target)
+
+    again = patches.apply(target=target, series=made.series)
+    assert (again.action, again.written) == ("already applied", ())
+    assert "already applied" in again.message()
+    assert snapshot(target) == applied
+    report = patches.check(target=target, series=made.series)
+    assert report.state is SeriesState.APPLIED and report.ok
+    assert {hunk.describe() for hunk in report.hunks} == {"ALREADY APPLIED"}
+
+    back = patches.revert(target=target, series=made.series)
+    assert back.action == "reverted" and len(back.written) == len(made.patched)
+    after = snapshot(target)
+    assert {name: (data, mode) for name, (data, _, mode) in after.items()} == {
+        name: (data, mode) for name, (data, _, mode) in pristine.items()
+    }
+    nothing = patches.revert(target=target, series=made.series)
+    assert (nothing.action, nothing.written) == ("not applied", ())
+    assert snapshot(target) == after
+
+
+def test_partially_patched_tree_is_refused_then_reverted(made: GitSeries, target: Path, tmp_path: Path) -> None:
+    first_only = tmp_path / "first-only"
+    first_only.mkdir()
+    shutil.copy(made.series / made.patch_names[0], first_only)
+    patches.apply(target=target, series=first_only)
+    before = snapshot(target)
+    report = patches.check(target=target, series=made.series)
+    assert report.state is SeriesState.PARTIAL and not report.ok
+    assert (report.applied_patches, report.pending_patches) == (made.patch_names[:1], made.patch_names[1:])
+    expected = f"applied: {made.patch_names[0]}; not applied: {made.patch_names[1]}"
+    with pytest.raises(SeriesNotApplicableError, match=f"partially applied: {expected}"):
+        patches.apply(target=target, series=made.series)
+    assert snapshot(target) == before
+    assert patches.revert(target=target, series=made.series).action == "reverted"
+    assert contents(target) == made.original
+
+
+def test_patch_only_partly_in_the_tree_is_a_conflict(made: GitSeries, target: Path) -> None:
+    patches.apply(target=target, series=made.series)
+    stopping = "pytorch/callbacks/early_stopping.py"
+    (target / stopping).write_bytes(made.original[stopping])  # one file of 0001 put back, say by a reinstall
+    before = snapshot(target)
+    report = patches.check(target=target, series=made.series)
+    assert report.state is SeriesState.CONFLICT and report.applied_patches == made.patch_names[1:]
+    first = report.patches[0]
+    assert [(hunk.file, hunk.status) for hunk in first.hunks] == [
+        (f"lightning/{stopping}", HunkStatus.OK),
+        (f"lightning/{MC}", HunkStatus.ALREADY_APPLIED),
+        (f"lightning/{MC}", HunkStatus.ALREADY_APPLIED),
+    ]
+    message = f"{made.patch_names[0]}: 2 of 3 hunks already applied; applied: {made.patch_names[1]}"
+    assert report.summary() == f"the series does not apply: {message}"
+    for action in (patches.apply, patches.revert):
+        with pytest.raises(SeriesNotApplicableError, match=f"to {action.__name__}: .*{message}; nothing was written"):
+            action(target=target, series=made.series)
+    assert snapshot(target) == before
+
+
+@pytest.mark.parametrize(
+    ("bad", "reason"),
+    [
+        ("{side}/lightning/../../etc/x", "it contains '..'"),
+        ("/etc/x", "it is absolute"),
+        ("{side}//etc/x", "it is absolute"),
+        ("{side}/elsewhere/x.py", "it is not a file inside 'lightning/'"),
+    ],
+)
+def test_paths_escaping_the_target_are_refused(
+    made: GitSeries, target: Path, tmp_path: Path, bad: str, reason: str
+) -> None:
+    series = tmp_path / "series"
+    shutil.copytree(made.series, series)
+    second = series / made.patch_names[1]
+    text = second.read_text()
+    for side in "ab":
+        text = text.replace(f"{side}/lightning/{TRAINER}", bad.format(side=side))
+    second.write_text(text)
+    before = snapshot(target)
+    for action in (patches.check, patches.apply, patches.revert):
+        with pytest.raises(PatchError, match=f"{made.patch_names[1]}: refusing path .*: {reason}"):
+            action(target=target, series=series)
+    assert snapshot(target) == before  # not even 0001's valid files were touched
+
+
+def test_symlink_out_of_the_target_is_refused(made: GitSeries, target: Path, tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    shutil.move(target / "pytorch" / "trainer", outside)
+    (target / "pytorch" / "trainer").symlink_to(outside, target_is_directory=True)
+    before, outside_before = snapshot(target), snapshot(outside)
+    with pytest.raises(PatchError, match=f"refusing path 'lightning/{TRAINER}': it resolves outside the target"):
+        patches.apply(target=target, series=made.series)
+    assert (snapshot(target), snapshot(outside)) == (before, outside_before)
+
+
+def test_write_failure_midway_restores_every_file(
+    made: GitSeries, target: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_replace = os.replace
+    calls: list[str] = []
+
+    def failing_replace(source: str, destination: str | Path) -> None:
+        calls.append(str(destination))
+        if len(calls) == 2:
+            raise OSError(28, "No space left on device")
+        real_replace(source, destination)
+
+    monkeypatch.setattr(os, "replace", failing_replace)
+    before = snapshot(target)
+    with pytest.raises(PatchError, match=r"No space left on device.*restored the 1 file\(s\) already written"):
+        patches.apply(target=target, series=made.series)
+    assert len(calls) == 3  # first file written, second failed, first restored
+    after = snapshot(target)
+    assert {name: (data, mode) for name, (data, _, mode) in after.items()} == {
+        name: (data, mode) for name, (data, _, mode) in before.items()
+    }  # same files (no temporary left), same bytes and modes
+
+
+def test_cli_subprocess_refuses_with_a_report_and_one_error_line(made: GitSeries, target: Path) -> None:
+    (target / TRAINER).write_bytes(made.original[TRAINER].replace(b"trainer_7 = 7", b"trainer_7 = 'seven'"))
+    before = snapshot(target)
+    done = subprocess.run(
+        [sys.executable, "-m", "lightning_ext.patches", "apply", "--target", str(target), "--series", str(made.series)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 1, done.stderr
+    assert f"lightning/{TRAINER} @@ -8,4 +8,5 @@: FAILS" in done.stdout
+    assert done.stderr.strip().splitlines() == [
+        f"error: refusing to apply: the series does not apply: {made.patch_names[1]}: 1 of 2 hunks fail; "
+        "nothing was written"
+    ]
+    assert snapshot(target) == before
+
+
+def test_cli_messages_and_exit_codes(made: GitSeries, target: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    options = ["--target", str(target), "--series", str(made.series)]
+    assert main(["apply", *options]) == 0
+    assert (
+        f"applied {', '.join(made.patch_names)} to {target}: wrote {len(made.patched)} file(s)"
+        in capsys.readouterr().out
+    )
+    assert main(["apply", *options]) == 0
+    assert "is already applied" in capsys.readouterr().out
+    assert main(["revert", *options]) == 0
+    assert f"reverted {made.patch_names[1]}, {made.patch_names[0]} in" in capsys.readouterr().out
+    assert main(["revert", *options]) == 0
+    assert "not applied" in capsys.readouterr().out
+    assert main(["check", "--target", str(target), "--series", str(target / "nowhere")]) == 1
+    assert capsys.readouterr().err == f"error: the series directory {target / 'nowhere'} does not exist\n"
+    for usage in ([], ["frobnicate"], ["check", "--bogus"]):
+        with pytest.raises(SystemExit) as exited:
+            main(usage)
+        assert exited.value.code == 2
+
+
+def test_default_series_is_looked_up_by_version(made: GitSeries, target: Path, tmp_path: Path) -> None:
+    (target / "version.info").write_text("9.9.9\n")
+    with pytest.raises(
+        PatchError, match=r"no patch series for Lightning 9\.9\.9: .* \(available in .*lightning-2\.6\.6"
+    ):
+        patches.check(target=target)
+    root = tmp_path / "patches"
+    (root / "lightning-2.6.5").mkdir(parents=True)
+    (root / "lightning-9.9.9").mkdir()
+    assert patches.find_series(target, root=root) == root / "lightning-9.9.9"
+    (target / "version.info").write_text("2.6.7\n")
+    with pytest.raises(PatchError, match=r"\(available in .*: lightning-2\.6\.5, lightning-9\.9\.9\)"):
+        patches.find_series(target, root=root)
+    assert patches.patches_root() == Path(__file__).resolve().parents[1] / "patches"
+
+
+def test_creating_a_file_is_not_supported(tmp_path: Path) -> None:
+    made = make_git_series(tmp_path, commits=[("Add a file", {"pytorch/new.py": [lambda _: b"x = 1\n"]})])
+    with pytest.raises(PatchError, match="creating a file is not supported"):
+        patches.check(target=made.target, series=made.series)
+
+
+def test_commit_message_that_looks_like_a_diff_is_ignored(tmp_path: Path) -> None:
+    made = make_git_series(tmp_path, commits=[("Tweak", {MC: [replace("checkpoint_20 = 20", "checkpoint_20 = 0")]})])
+    (patch,) = made.series.glob("*.patch")
+    text = patch.read_text()
+    head, rest = text.split("\n---\n", 1)
+    patch.write_text(f"{head}\n--- a/lightning/{MC}\n+++ b/lightning/{MC}\n@@ -1 +1 @@\n---\n{rest}")
+    (parsed,) = load_series(made.series).patches
+    assert parsed.subject == "Tweak" and len(parsed.changes) == 1
+    assert patches.check(target=made.target, series=made.series).state is SeriesState.CLEAN
+
+
+def test_real_lightning_copy_check_apply_revert(tmp_path: Path) -> None:
+    installed = patches.default_target()
+    assert patches.target_version(installed) == "2.6.6"
+    files = ["version.info", "__init__.py", "pytorch/callbacks/model_checkpoint.py"]
+    digest_before = {name: hashlib.sha256((installed / name).read_bytes()).hexdigest() for name in files}
+    source = (installed / files[2]).read_text(encoding="utf-8")
+    anchor = "class ModelCheckpoint(Checkpoint):\n"
+    assert source.count(anchor) == 1
+    comment = f"{anchor}    # lightning-ext: the top-k decision is delegated when the strategy carries a policy\n"
+    base = {name: (installed / name).read_bytes() for name in files}
+    made = make_git_series(tmp_path, base=base, commits=[("Mark the seam", {files[2]: [replace(anchor, comment)]})])
+    report = patches.check(target=made.target, series=made.series)
+    assert report.state is SeriesState.CLEAN and report.version == "2.6.6"
+    patches.apply(target=made.target, series=made.series)
+    assert (made.target / files[2]).read_text(encoding="utf-8") == source.replace(anchor, comment)
+    patches.revert(target=made.target, series=made.series)
+    assert contents(made.target) == base
+    assert {name: hashlib.sha256((installed / name).read_bytes()).hexdigest() for name in files} == digest_before
