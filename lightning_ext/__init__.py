@@ -19,6 +19,7 @@ from lightning_ext.policies import (
     available_policies,
     resolve_policy,
 )
+from lightning_ext.rank_metrics import RankMetricsError, RankMetricsWriter, read_rank_metrics
 from lightning_ext.strategy import PolicyDDPStrategy
 
 __version__ = "0.1.0.dev0"
@@ -35,10 +36,13 @@ __all__ = [
     "PolicyDDPStrategy",
     "PolicyMismatchError",
     "Quorum",
+    "RankMetricsError",
+    "RankMetricsWriter",
     "RankZero",
     "VotePolicy",
     "VoteTally",
     "available_policies",
     "patch_mode",
+    "read_rank_metrics",
     "resolve_policy",
 ]
