@@ -26,11 +26,11 @@ Example:
 import math
 import struct
 from dataclasses import dataclass
-from typing import Literal, Union
+from typing import Literal
 
 __all__ = ["Agreement", "Layout", "Observation", "combine", "pack", "unpack"]
 
-Number = Union[int, float]
+Number = int | float
 Kind = Literal["vote", "mean", "min", "max"]
 
 _INT64_MIN = -(2**63)

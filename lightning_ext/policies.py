@@ -20,7 +20,7 @@ Example:
 """
 
 from abc import ABC, abstractmethod
-from typing import Literal, NamedTuple, Union
+from typing import Literal, NamedTuple
 
 __all__ = [
     "AggregatePolicy",
@@ -201,7 +201,7 @@ class AggregatePolicy(DecisionPolicy):
         return f"AggregatePolicy({self.reduction!r})"
 
 
-PolicyLike = Union[str, DecisionPolicy]
+PolicyLike = str | DecisionPolicy
 
 _ALIASES: dict[str, DecisionPolicy] = {
     "all": AllRanks(),
