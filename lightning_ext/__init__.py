@@ -5,6 +5,7 @@ Replace ``strategy="ddp"`` with ``PolicyDDPStrategy(checkpoint_policy=..., early
 """
 
 from lightning_ext._runtime import patch_mode
+from lightning_ext.diagnostics import count_collectives
 from lightning_ext.errors import CrossRankError, LocalDecisionError, MonitorMissingError, PolicyMismatchError
 from lightning_ext.policies import (
     AggregatePolicy,
@@ -19,6 +20,7 @@ from lightning_ext.policies import (
     available_policies,
     resolve_policy,
 )
+from lightning_ext.rank_logger import PerRankMetrics, RankCSVLogger
 from lightning_ext.rank_metrics import RankMetricsError, RankMetricsWriter, read_rank_metrics
 from lightning_ext.strategy import PolicyDDPStrategy
 
@@ -33,15 +35,18 @@ __all__ = [
     "LocalDecisionError",
     "Majority",
     "MonitorMissingError",
+    "PerRankMetrics",
     "PolicyDDPStrategy",
     "PolicyMismatchError",
     "Quorum",
+    "RankCSVLogger",
     "RankMetricsError",
     "RankMetricsWriter",
     "RankZero",
     "VotePolicy",
     "VoteTally",
     "available_policies",
+    "count_collectives",
     "patch_mode",
     "read_rank_metrics",
     "resolve_policy",

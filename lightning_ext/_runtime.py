@@ -1,22 +1,35 @@
 """Lightning's call sites delegate to lightning-ext: natively (a patched Lightning) or through wrappers installed here.
 
-A seam is a small guard at the top of a Lightning method: when ``trainer.strategy`` carries a decision policy, the
-lightning-ext function runs and the stock body only if it declines. ``patches/`` writes the guards into Lightning's
-sources; on an unpatched Lightning, :func:`install` wraps the same methods at run time with the same guards. Either
-way the wrappers do nothing for strategies without a policy, so stock strategies behave exactly as before.
+A seam is a small guard in a Lightning method. The callbacks and the logger connector ask ``trainer.strategy`` for an
+optional hook, and use it if the strategy has one:
+
+* ``ModelCheckpoint._save_topk_checkpoint`` → ``strategy.save_topk_with_policy(callback, trainer, candidates)``; the
+  stock body runs if the hook declines (returns ``False``);
+* ``EarlyStopping._run_early_stopping_check`` → ``strategy.run_early_stopping_with_policy(callback, trainer)``;
+* ``_LoggerConnector.log_metrics`` → ``strategy.loggers_for_log_metrics(trainer, metrics)``: the loggers for this
+  call (the per-rank logger is added);
+* ``_ResultMetric.forward`` and ``_ResultCollection.metrics`` hand logged values and log dicts to
+  :mod:`lightning_ext.local_values`, which records their local counterparts while a strategy has capture switched on
+  (natively through ``result._local_value_recorder``, which :func:`~lightning_ext.local_values.start_capture` sets).
+
+``patches/`` writes these guards into Lightning's sources. On an unpatched Lightning, :func:`install` wraps the same
+methods at run time. Stock strategies have no hooks and capture is off, so they behave exactly as before.
 
 Set ``LIGHTNING_EXT_RUNTIME_PATCHING=0`` to forbid the wrappers (used to prove that a patched Lightning works alone).
 """
 
 import functools
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, Literal
 
 from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+from lightning.pytorch.strategies import ParallelStrategy
+from lightning.pytorch.trainer.connectors.logger_connector.logger_connector import _LoggerConnector
+from lightning.pytorch.trainer.connectors.logger_connector.result import _ResultCollection, _ResultMetric
 
-from lightning_ext import decisions
-from lightning_ext.policies import DecisionPolicy
+from lightning_ext import local_values
 
 __all__ = ["install", "patch_mode", "runtime_patching_enabled", "seams_available"]
 
@@ -33,7 +46,8 @@ def patch_mode() -> Literal["native", "runtime"]:
         True
 
     """
-    return "native" if all(hasattr(owner, _NATIVE_MARKER) for owner in _seam_owners()) else "runtime"
+    owners = [ParallelStrategy, *(owner for owner, _, _ in _seams())]
+    return "native" if all(hasattr(owner, _NATIVE_MARKER) for owner in owners) else "runtime"
 
 
 def runtime_patching_enabled() -> bool:
@@ -45,53 +59,94 @@ def seams_available() -> bool:
     """Whether Lightning's call sites reach lightning-ext, natively or through installed wrappers."""
     if patch_mode() == "native":
         return True
-    return all(getattr(getattr(owner, name), _MARKER, False) for owner, name, _ in _runtime_seams())
+    return all(getattr(getattr(owner, name), _MARKER, False) for owner, name, _ in _seams())
 
 
 def install() -> None:
     """Install the runtime seams, once; nothing on a patched Lightning or when runtime patching is switched off."""
     if patch_mode() == "native" or not runtime_patching_enabled():
         return
-    for owner, name, make in _runtime_seams():
+    for owner, name, make in _seams():
         current = getattr(owner, name)
         if not getattr(current, _MARKER, False):
-            setattr(owner, name, make(current))
+            wrapper = make(current)
+            setattr(wrapper, _MARKER, True)
+            setattr(owner, name, wrapper)
 
 
-def _seam_owners() -> tuple[type, ...]:
-    return (ModelCheckpoint, EarlyStopping)
-
-
-def _runtime_seams() -> tuple[tuple[type, str, Callable[[Any], Any]], ...]:
+def _seams() -> tuple[tuple[type, str, Callable[[Any], Any]], ...]:
     return (
         (ModelCheckpoint, "_save_topk_checkpoint", _checkpoint_seam),
         (EarlyStopping, "_run_early_stopping_check", _early_stopping_seam),
+        (_LoggerConnector, "log_metrics", _log_metrics_seam),
+        (_ResultCollection, "metrics", _metrics_seam),
+        (_ResultMetric, "forward", _forward_seam),
     )
-
-
-def _has_policy(trainer: Any, attribute: str) -> bool:
-    return isinstance(getattr(trainer.strategy, attribute, None), DecisionPolicy)
 
 
 def _checkpoint_seam(original: Callable[..., None]) -> Callable[..., None]:
     @functools.wraps(original)
     def _save_topk_checkpoint(self: ModelCheckpoint, trainer: Any, monitor_candidates: dict[str, Any]) -> None:
-        if _has_policy(trainer, "checkpoint_policy") and decisions.save_topk_checkpoint(
-            self, trainer, monitor_candidates
-        ):
+        hook = getattr(trainer.strategy, "save_topk_with_policy", None)
+        if hook is not None and hook(self, trainer, monitor_candidates):
             return
         original(self, trainer, monitor_candidates)
 
-    setattr(_save_topk_checkpoint, _MARKER, True)
     return _save_topk_checkpoint
 
 
 def _early_stopping_seam(original: Callable[..., None]) -> Callable[..., None]:
     @functools.wraps(original)
     def _run_early_stopping_check(self: EarlyStopping, trainer: Any) -> None:
-        if _has_policy(trainer, "early_stopping_policy") and decisions.run_early_stopping_check(self, trainer):
+        hook = getattr(trainer.strategy, "run_early_stopping_with_policy", None)
+        if hook is not None and hook(self, trainer):
             return
         original(self, trainer)
 
-    setattr(_run_early_stopping_check, _MARKER, True)
     return _run_early_stopping_check
+
+
+def _log_metrics_seam(original: Callable[..., None]) -> Callable[..., None]:
+    @functools.wraps(original)
+    def log_metrics(self: _LoggerConnector, metrics: dict[str, Any], step: Any = None) -> None:
+        hook = getattr(self.trainer.strategy, "loggers_for_log_metrics", None)
+        if hook is None:
+            original(self, metrics, step)
+            return
+        with _loggers_for_this_call(self.trainer, hook(self.trainer, metrics)):
+            original(self, metrics, step)
+
+    return log_metrics
+
+
+@contextmanager
+def _loggers_for_this_call(trainer: Any, loggers: list[Any]) -> Iterator[None]:
+    """The stock body logs to ``trainer.loggers``; give it these for one call (the patched body takes them directly)."""
+    if loggers == trainer.loggers:
+        yield
+        return
+    own = trainer.loggers
+    trainer.loggers = loggers
+    try:
+        yield
+    finally:
+        trainer.loggers = own
+
+
+def _metrics_seam(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def metrics(self: _ResultCollection, on_step: bool) -> Any:
+        built = original(self, on_step)
+        local_values.record_log_dict(self, on_step, built["log"])
+        return built
+
+    return metrics
+
+
+def _forward_seam(original: Callable[..., None]) -> Callable[..., None]:
+    @functools.wraps(original)
+    def forward(self: _ResultMetric, value: Any, batch_size: int) -> None:
+        original(self, value, batch_size)
+        local_values.record_update(self, value)
+
+    return forward

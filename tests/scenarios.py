@@ -147,7 +147,9 @@ def fit(
             None if checkpoint_cb.best_model_score is None else float(checkpoint_cb.best_model_score)
         )
         directory = os.path.join(root, "checkpoints")
-        result["files"] = sorted(os.listdir(directory)) if os.path.isdir(directory) else []
+        # only rank 0 writes and deletes checkpoint files; another rank's listing would race with those deletions
+        on_disk = sorted(os.listdir(directory)) if os.path.isdir(directory) else []
+        result["files"] = on_disk if trainer.is_global_zero else None
     if early_cb is not None:
         result["stopped_epoch"] = early_cb.stopped_epoch
         result["stopping_reason"] = early_cb.stopping_reason.name

@@ -1,0 +1,75 @@
+"""Counting the collective operations a piece of code makes, so that costs are counted rather than assumed.
+
+Lightning, torchmetrics and lightning-ext all call collectives through the ``torch.distributed`` module
+(``torch.distributed.all_reduce(...)``). :func:`count_collectives` wraps those functions for the duration of a block
+and counts each call by name. The real operation still runs: nothing is mocked. Collectives that torch makes from C++
+(the DDP gradient buckets) are not counted, and a call such as ``all_gather_object`` counts once, although it
+exchanges twice on the wire.
+
+Example:
+    >>> with count_collectives() as counts:
+    ...     pass
+    >>> counts.total()
+    0
+
+"""
+
+import functools
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch.distributed as dist
+
+__all__ = ["COLLECTIVES", "count_collectives"]
+
+COLLECTIVES = (
+    "all_gather",
+    "all_gather_into_tensor",
+    "all_gather_object",
+    "all_reduce",
+    "all_to_all",
+    "all_to_all_single",
+    "barrier",
+    "broadcast",
+    "broadcast_object_list",
+    "gather",
+    "gather_object",
+    "irecv",
+    "isend",
+    "monitored_barrier",
+    "recv",
+    "reduce",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "scatter",
+    "scatter_object_list",
+    "send",
+)
+
+
+@contextmanager
+def count_collectives() -> Iterator[Counter[str]]:
+    """Count the ``torch.distributed`` collective calls made in this process inside the block, by name."""
+    counts: Counter[str] = Counter()
+    originals: dict[str, Callable[..., Any]] = {}
+    for name in COLLECTIVES:
+        function = getattr(dist, name, None)
+        if function is not None:
+            originals[name] = function
+            setattr(dist, name, _counted(function, name, counts))
+    try:
+        yield counts
+    finally:
+        for name, function in originals.items():
+            setattr(dist, name, function)
+
+
+def _counted(function: Callable[..., Any], name: str, counts: Counter[str]) -> Callable[..., Any]:
+    @functools.wraps(function)
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        counts[name] += 1
+        return function(*args, **kwargs)
+
+    return counting
