@@ -55,3 +55,15 @@ def rank_pools() -> Iterator[_Pools]:
     pools = _Pools()
     yield pools
     pools.close()
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Under ``LIGHTNING_EXT_EXPECT_NATIVE`` (tests/test_native_patches.py), prove the native seams are in use."""
+    expected = os.environ.get("LIGHTNING_EXT_EXPECT_NATIVE")
+    if expected:
+        import lightning
+
+        import lightning_ext
+
+        if lightning_ext.patch_mode() != "native" or not lightning.__file__.startswith(expected):
+            raise pytest.UsageError(f"expected the patched Lightning at {expected}, got {lightning.__file__}")

@@ -1,0 +1,121 @@
+"""The fork-style patch series against a copy of the installed Lightning: applied with the tool, then the same
+behaviour as the runtime drop-in, with runtime patching switched off (so only the native seams can be at work)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import lightning
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.slow
+
+
+def _tool(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "lightning_ext.patches", *args], capture_output=True, text=True, timeout=180, env=env
+    )
+
+
+@pytest.fixture(scope="module")
+def patched_site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A directory holding a patched copy of the installed ``lightning`` package (put it first on PYTHONPATH)."""
+    site = tmp_path_factory.mktemp("patched-site")
+    shutil.copytree(Path(lightning.__file__).parent, site / "lightning", ignore=shutil.ignore_patterns("__pycache__"))
+    applied = _tool("apply", "--target", str(site / "lightning"))
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    yield site
+
+
+def _native_env(site: Path) -> dict[str, str]:
+    return {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(site), str(REPO)]),
+        "LIGHTNING_EXT_RUNTIME_PATCHING": "0",
+        "LIGHTNING_EXT_EXPECT_NATIVE": str(site / "lightning"),
+        "PYTHONWARNINGS": "ignore",
+    }
+
+
+def _outcomes(work: Path, env: dict[str, str] | None) -> dict[str, Any]:
+    run = subprocess.run(
+        [sys.executable, str(REPO / "tests" / "scripts" / "mode_outcomes.py"), str(work)],
+        capture_output=True,
+        text=True,
+        timeout=400,
+        env=env,
+    )
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
+    line = next(line for line in run.stdout.splitlines() if line.startswith("OUTCOMES "))
+    return json.loads(line[len("OUTCOMES ") :])
+
+
+def _normalise(outcomes: dict[str, Any], work: Path) -> dict[str, Any]:
+    text = json.dumps({k: v for k, v in outcomes.items() if k not in ("patch_mode", "lightning")}, sort_keys=True)
+    return json.loads(text.replace(str(work), "<work>"))
+
+
+def test_native_seams_give_the_same_results_as_the_runtime_drop_in(patched_site: Path, tmp_path: Path) -> None:
+    runtime = _outcomes(tmp_path / "runtime", None)
+    native = _outcomes(tmp_path / "native", _native_env(patched_site))
+    assert runtime["patch_mode"] == "runtime" and native["patch_mode"] == "native"
+    assert native["lightning"].startswith(str(patched_site))
+    same_native, same_runtime = _normalise(native, tmp_path / "native"), _normalise(runtime, tmp_path / "runtime")
+    # stock DDPStrategy on the patched Lightning: the same checkpoints and stop epochs as on the unpatched one
+    for key in ("checkpoint/stock", "early_stopping/stock", "metrics/stock"):
+        assert same_native[key] == same_runtime[key], key
+    assert same_native == same_runtime  # and every policy and per-rank outcome is identical
+
+
+def test_policy_and_per_rank_suites_pass_against_the_patched_copy(patched_site: Path) -> None:
+    suites = ["tests/test_trainer_policies.py", "tests/test_trainer_errors.py", "tests/test_per_rank_metrics.py"]
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *suites],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=REPO,
+        env=_native_env(patched_site),
+    )
+    assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-3000:]
+    assert " passed" in run.stdout and "failed" not in run.stdout.splitlines()[-1]
+
+
+def test_check_names_the_file_and_hunk_on_an_altered_copy_and_apply_touches_nothing(tmp_path: Path) -> None:
+    target = tmp_path / "lightning"
+    shutil.copytree(Path(lightning.__file__).parent, target, ignore=shutil.ignore_patterns("__pycache__"))
+    altered = target / "pytorch" / "callbacks" / "early_stopping.py"
+    text = altered.read_text()
+    altered.write_text(
+        text.replace("        logs = trainer.callback_metrics\n", "        logs = dict(trainer.callback_metrics)\n")
+    )
+    before = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in target.rglob("*.py")}
+    checked = _tool("check", "--target", str(target))
+    assert checked.returncode == 1
+    assert "lightning/pytorch/callbacks/early_stopping.py @@ -224,6 +225,11 @@: FAILS" in checked.stdout
+    assert "logs = dict(trainer.callback_metrics)" in checked.stdout  # what it found instead
+    applied = _tool("apply", "--target", str(target))
+    assert applied.returncode == 1
+    assert before == {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in target.rglob("*.py")}
+
+
+def test_apply_is_idempotent_and_revert_restores_the_original_bytes(tmp_path: Path) -> None:
+    target = tmp_path / "lightning"
+    shutil.copytree(Path(lightning.__file__).parent, target, ignore=shutil.ignore_patterns("__pycache__"))
+    original = {p: p.read_bytes() for p in target.rglob("*.py")}
+    assert _tool("apply", "--target", str(target)).returncode == 0
+    patched = {p: p.read_bytes() for p in target.rglob("*.py")}
+    assert sum(patched[p] != original[p] for p in original) == 5  # parallel, 2 callbacks, connector, result
+    again = _tool("apply", "--target", str(target))
+    assert again.returncode == 0 and "already applied" in again.stdout
+    assert {p: p.read_bytes() for p in target.rglob("*.py")} == patched
+    assert _tool("revert", "--target", str(target)).returncode == 0
+    assert {p: p.read_bytes() for p in target.rglob("*.py")} == original
