@@ -2,8 +2,9 @@
 
 Run ``python -m lightning_ext.demo`` (or ``make demo``). Each rank validates on its own shard and logs ``val_loss``
 without syncing it, as many users do, so the ranks see different numbers. The same training runs under stock
-``DDPStrategy`` and under ``PolicyDDPStrategy`` with each policy; rank 0 prints, epoch by epoch, every rank's value
-and which runs saved a new best checkpoint (``*``) or stopped (``stop``).
+``DDPStrategy`` and under ``PolicyDDPStrategy`` with each policy, with ``per_rank_metrics=True``. Rank 0 then reads
+every rank's own values back from the per-rank files (``read_rank_metrics``) and prints, epoch by epoch, every
+rank's value and which runs saved a new best checkpoint (``*``) or stopped (``stop``).
 """
 
 import argparse
@@ -19,6 +20,8 @@ from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_ext.policies import Quorum
+from lightning_ext.rank_metrics import read_rank_metrics
+from lightning_ext.rank_spread import format_spread, summarize_spread
 from lightning_ext.strategy import PolicyDDPStrategy
 
 __all__ = ["main"]
@@ -44,7 +47,7 @@ class _ShardedRegression(L.LightningModule):
     def __init__(self) -> None:
         super().__init__()
         self.layer = torch.nn.Linear(8, 1)
-        self.local_val_losses: list[float] = []
+        self.epochs_run = 0
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         x, y = batch
@@ -55,7 +58,7 @@ class _ShardedRegression(L.LightningModule):
         self.log("val_loss", torch.nn.functional.mse_loss(self.layer(x), y))  # un-synced: each rank's own view
 
     def on_validation_epoch_end(self) -> None:
-        self.local_val_losses.append(float(self.trainer.callback_metrics["val_loss"]))
+        self.epochs_run += 1
 
     def val_dataloader(self) -> "DataLoader[Any]":
         rank, epoch = self.trainer.global_rank, self.current_epoch
@@ -94,9 +97,9 @@ def _run(policy: Any, devices: int, epochs: int, root: str) -> dict[str, Any]:
     if policy is _STOCK:
         strategy: Any = "ddp"
     elif policy is None:
-        strategy = PolicyDDPStrategy()
+        strategy = PolicyDDPStrategy(per_rank_metrics=True)
     else:
-        strategy = PolicyDDPStrategy(checkpoint_policy=policy, early_stopping_policy=policy)
+        strategy = PolicyDDPStrategy(checkpoint_policy=policy, early_stopping_policy=policy, per_rank_metrics=True)
     checkpoint = _RecordingCheckpoint(
         dirpath=os.path.join(root, "checkpoints"), monitor="val_loss", filename="{epoch}-{val_loss:.3f}"
     )
@@ -117,15 +120,17 @@ def _run(policy: Any, devices: int, epochs: int, root: str) -> dict[str, Any]:
         default_root_dir=root,
     )
     trainer.fit(model, train_dataloaders=_train_loader())
-    epochs_run = len(model.local_val_losses)
-    local = torch.full((epochs,), float("nan"))
-    local[:epochs_run] = torch.tensor(model.local_val_losses)
-    every_rank = trainer.strategy.all_gather(local).reshape(devices, epochs)  # [rank, epoch], for the table only
+    trainer.strategy.barrier()  # every rank has closed its per-rank file before rank 0 reads them
+    values: list[list[float]] | None = None
+    if policy is not _STOCK and trainer.is_global_zero:
+        table = read_rank_metrics(root).dropna(subset=["val_loss"])
+        values = [table[table["rank"] == rank]["val_loss"].tolist() for rank in range(devices)]
     return {
-        "values": every_rank.tolist(),
+        "values": values,
+        "root": root,
         "saved": checkpoint.saved_epochs,
         "stopped": stopping.stopped_epoch if trainer.should_stop else None,
-        "epochs_run": epochs_run,
+        "epochs_run": model.epochs_run,
         "best": os.path.basename(checkpoint.best_model_path),
         "rank": trainer.global_rank,
     }
@@ -136,9 +141,9 @@ def _table(runs: dict[str, dict[str, Any]], devices: int, epochs: int) -> str:
     # training does not depend on the policy (only when it stops), so any run that reached an epoch has its values
     values = [[float("nan")] * epochs for _ in range(devices)]
     for run in runs.values():
-        for rank in range(devices):
-            for epoch in range(run["epochs_run"]):
-                values[rank][epoch] = run["values"][rank][epoch]
+        for rank, own in enumerate(run["values"] or []):  # each rank's own values, from its per-rank file
+            for epoch, value in enumerate(own):
+                values[rank][epoch] = value
     width = max(9, *(len(name) for name in names))
     header = ["epoch", *(f"rank {r}" for r in range(devices)), *names]
     widths = [5] + [7] * devices + [width] * len(names)
@@ -175,7 +180,6 @@ def main(argv: list[str] | None = None) -> None:
     warnings.filterwarnings("ignore", message=".*sync_dist=True.*")
     warnings.filterwarnings("ignore", message=".*does not have many workers.*")
     warnings.filterwarnings("ignore", message=".*LeafSpec.*")
-    warnings.filterwarnings("ignore", message=".*all_gather is deprecated.*")
     runs = {}
     for name, policy in _POLICIES:
         root = os.path.join(args.root, name.replace(" ", "_").replace("(", "").replace(")", ""))
@@ -190,6 +194,9 @@ def main(argv: list[str] | None = None) -> None:
         print("  'defaults' is PolicyDDPStrategy() (checkpoint 'all', early stopping 'any'); every other column uses")
         print("  its policy for both decisions. Every rank of every run ended with the same decisions and paths.\n")
         print(_table(runs, args.devices, args.epochs))
+        defaults = runs["defaults"]["root"]
+        print(f"\nspread across ranks of the 'defaults' run (lightning-ext ranks {defaults}):")
+        print(format_spread(summarize_spread(read_rank_metrics(defaults), metrics=["val_loss"])))
 
 
 if __name__ == "__main__":

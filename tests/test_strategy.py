@@ -15,7 +15,7 @@ import pytest
 from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
 
 import lightning_ext
-from lightning_ext import AggregatePolicy, AllRanks, AnyRank, PolicyDDPStrategy, Quorum, patch_mode
+from lightning_ext import AggregatePolicy, AllRanks, AnyRank, PolicyDDPStrategy, Quorum, patch_mode, read_rank_metrics
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -119,7 +119,14 @@ def test_real_launch(tmp_path: Path, start_method: str, devices: int) -> None:
     # mean of the table's ranks: e0 4.0; e1 4.0 (2 ranks) or 4.33 (3): no save; e2 4.0/4.17: no; e3 2.5/3.67: save
     best = {2: "epoch=3-val_loss=2.50.ckpt", 3: "epoch=3-val_loss=3.67.ckpt"}[devices]
     assert {r["best"] for r in records} == {best}
-    assert (tmp_path / "checkpoints" / best).exists()
+    log_dirs = {r["log_dir"] for r in records}
+    assert len(log_dirs) == 1  # one version directory, decided once
+    log_dir = Path(log_dirs.pop())
+    assert (log_dir / "checkpoints" / best).exists()
+    # per-rank metrics under a real launcher: every rank's own value, in every rank's own file
+    table = read_rank_metrics(log_dir)
+    seen = table.dropna(subset=["rank_seen"]).groupby("rank")["rank_seen"].unique()
+    assert {rank: list(values) for rank, values in seen.items()} == {rank: [float(rank)] for rank in range(devices)}
 
 
 def test_seams_are_installed_and_inert_for_stock_strategies() -> None:

@@ -11,6 +11,7 @@ import sys
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+from lightning.pytorch.loggers import CSVLogger
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_ext import PolicyDDPStrategy
@@ -28,6 +29,7 @@ class Model(L.LightningModule):
 
     def validation_step(self, batch, batch_idx):
         self.log("val_loss", torch.tensor(TABLE[self.global_rank][self.current_epoch]))
+        self.log("rank_seen", float(self.global_rank))
 
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.01)
@@ -46,6 +48,7 @@ class Reporter(L.Callback):
             "pid": os.getpid(),
             "best": os.path.basename(checkpoint.best_model_path),
             "should_stop": trainer.should_stop,
+            "log_dir": trainer.log_dir,
         }
         with open(self.out, "a") as handle:
             handle.write(json.dumps(record) + "\n")
@@ -62,10 +65,12 @@ def main() -> None:
     trainer = L.Trainer(
         accelerator="cpu",
         devices=devices,
-        strategy=PolicyDDPStrategy(start_method=start_method, checkpoint_policy=policy, early_stopping_policy="all"),
+        strategy=PolicyDDPStrategy(
+            start_method=start_method, checkpoint_policy=policy, early_stopping_policy="all", per_rank_metrics=True
+        ),
         max_epochs=4,
         callbacks=[checkpoint, stopping, Reporter(out)],
-        logger=False,
+        logger=CSVLogger(os.path.dirname(out)),
         enable_progress_bar=False,
         enable_model_summary=False,
         num_sanity_val_steps=0,

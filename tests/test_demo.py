@@ -1,0 +1,43 @@
+"""The README's first command runs the demo: it must keep working (a real popen DDP launch on CPU)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+def test_demo_runs_every_policy_and_prints_the_table(tmp_path: Path) -> None:
+    process = subprocess.run(
+        [sys.executable, "-m", "lightning_ext.demo", "--devices", "2", "--epochs", "4", "--root", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )
+    assert process.returncode == 0, process.stdout[-3000:] + process.stderr[-3000:]
+    out = process.stdout
+    header = next(line for line in out.splitlines() if line.strip().startswith("epoch"))
+    for column in ("rank 0", "rank 1", "stock ddp", "defaults", "majority", "quorum(2)", "mean", "min", "max"):
+        assert column in header
+    rows = [line for line in out.splitlines() if line.strip()[:1].isdigit()]
+    assert rows and rows[0].split()[0] == "0"
+    assert rows[0].split()[3:] == ["*"] * 10  # every run saves its first checkpoint
+
+    def column(line: str, label: str) -> str:  # the decision columns are right-aligned, 9 characters wide
+        end = header.index(label) + len(label)
+        return line[end - 9 : end].strip()
+
+    # stock DDP and PolicyDDPStrategy() decide alike, epoch by epoch, and keep the same best checkpoint
+    assert [column(row, "stock ddp") for row in rows] == [column(row, "defaults") for row in rows]
+    best = dict(line.strip().split(": ") for line in out.split("best checkpoint per run:")[1].splitlines()[1:11])
+    assert best["stock ddp"] == best["defaults"]
+    assert "spread across ranks" in out
+    for rank in range(2):
+        assert (tmp_path / "defaults" / f"rank_{rank}" / "metrics.csv").is_file()
