@@ -77,6 +77,8 @@ def main() -> None:
         default_root_dir=os.path.dirname(out),
     )
     trainer.fit(Model(), loader(), loader())
+    if torch.distributed.is_initialized():  # see README, "Noticed upstream": exit without it can SIGABRT (gloo)
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
