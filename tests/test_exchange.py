@@ -8,6 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from lightning_ext._exchange import Layout, Observation, _order_key, combine, pack, unpack
+from tests._reference import aggregate as reference_aggregate
 
 SPECIAL = [math.inf, -math.inf, math.nan, 0.0, -0.0]
 # dyadic values: sums are exact in any order, so the reference can demand equality
@@ -18,14 +19,6 @@ MAYBE = st.one_of(st.none(), VALUES)
 
 def same(a: float, b: float) -> bool:
     return (math.isnan(a) and math.isnan(b)) or a == b
-
-
-def reference_aggregate(kind: str, values: list[float]) -> float:
-    if kind == "mean":
-        return sum(values) / len(values)
-    if any(math.isnan(v) for v in values):
-        return math.nan
-    return min(values) if kind == "min" else max(values)
 
 
 @st.composite
