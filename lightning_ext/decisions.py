@@ -8,10 +8,10 @@ ranks becomes the same error on every rank instead of a deadlock.
 
 * Vote policies: each rank decides on its own exactly as stock Lightning does on that rank (the callback's own
   ``check_monitor_top_k`` / ``_evaluate_stopping_criteria`` on its local value and its own recorded scores); the
-  policy turns the tally into one decision. For checkpoints, each rank keeps the top-k that stock Lightning would
-  keep on it (:class:`_LocalTopK`: its own scores, its own evictions) to vote with, while the callback's visible
-  state (file names, paths, scores) is rank 0's bookkeeping, the one stock Lightning writes to disk, mirrored on
-  every rank. A non-finite local value always votes against saving a checkpoint.
+  policy turns the tally into one decision. For checkpoints, each rank votes against the top-k that stock Lightning
+  would keep on it (its own scores, its own evictions: :mod:`lightning_ext._local_top_k`), while the callback's
+  visible state (file names, paths, scores) is rank 0's bookkeeping, the one stock Lightning writes to disk,
+  mirrored on every rank. A non-finite local value always votes against saving a checkpoint.
 * Aggregate policies: the value is reduced first; the callback's stock comparison then runs once on the agreed
   value, which is what gets recorded, identically on every rank. A non-finite agreed value never saves.
 * ``EarlyStopping(check_finite=True)``: a non-finite value on any rank stops every rank, whatever the policy.
@@ -32,6 +32,7 @@ from torch import Tensor
 
 from lightning_ext._collective import RankGroup, all_gather_objects, all_reduce_row
 from lightning_ext._exchange import Agreement, Layout, Observation, pack, unpack
+from lightning_ext._local_top_k import LocalTopK
 from lightning_ext.errors import LocalDecisionError, MonitorMissingError
 from lightning_ext.policies import AggregatePolicy, DecisionPolicy, VotePolicy, VoteTally
 
@@ -46,7 +47,6 @@ __all__ = [
 
 _TEMPLATE_KEY = re.compile(r"(\{.*?)[:\}]")  # the pattern ModelCheckpoint uses to find metrics in a file name
 _TRAINER_KEYS = frozenset({"epoch", "step"})  # filled from the trainer, identical on every rank
-_LOCAL_TOP_K = "_lightning_ext_local_top_k"
 
 
 @dataclass(frozen=True)
@@ -102,7 +102,7 @@ def save_topk_checkpoint(callback: ModelCheckpoint, trainer: Any, monitor_candid
         else:
             monitor_candidates[key] = value
     if decision.save:
-        local_view = None if decision.local_score is None else _LocalTopK.of(callback)  # before the state changes
+        local_view = None if decision.local_score is None else LocalTopK.of(callback)  # before the state changes
         callback._update_best_and_save(decision.score, trainer, monitor_candidates)
         if local_view is not None and decision.local_score is not None:
             local_view.record(callback, decision.local_score)
@@ -167,7 +167,7 @@ def decide_top_k(
         if current is not None:
             value = float(current)
             if is_vote:
-                with _LocalTopK.of(callback).installed(callback), _local_decisions(trainer.strategy):
+                with LocalTopK.of(callback).installed(callback), _local_decisions(trainer.strategy):
                     local = callback.check_monitor_top_k(trainer, current)
                 vote = _as_vote(local, f"{type(callback).__name__}.check_monitor_top_k") and math.isfinite(value)
     except Exception as exc:  # reported on every rank after the exchange, so no rank is left waiting
@@ -332,64 +332,3 @@ def _template_keys(callback: ModelCheckpoint) -> set[str]:
     for template in (callback.filename or "{epoch}-{step}", callback.CHECKPOINT_NAME_LAST):
         keys.update(group[1:] for group in _TEMPLATE_KEY.findall(template or ""))
     return keys
-
-
-class _LocalTopK:
-    """This rank's own top-k, kept exactly as stock Lightning keeps it on this rank, to vote with.
-
-    Stock Lightning records each rank's own value under each rank's own file name and evicts by each rank's own
-    ordering, so on an un-synced metric the ranks' states drift apart, while only rank 0's is real on disk. Under a
-    vote policy the callback's visible state is rank 0's on every rank; this private view keeps what stock would have
-    kept here (keyed by save order, since only scores and their order matter to a vote), so that each rank's vote is
-    the one stock Lightning would cast.
-    """
-
-    def __init__(self) -> None:
-        self.scores: dict[int, Tensor] = {}
-        self.kth: int | None = None
-        self._next = 0
-        self._mirrors: tuple[str, ...] = ()
-
-    @classmethod
-    def of(cls, callback: ModelCheckpoint) -> "_LocalTopK":
-        """The callback's view, rebuilt from its visible state if that changed behind our back (e.g. a resume)."""
-        view: _LocalTopK | None = callback.__dict__.get(_LOCAL_TOP_K)
-        if view is None or view._mirrors != tuple(callback.best_k_models):
-            view = cls()
-            for path, score in callback.best_k_models.items():
-                if path == callback.kth_best_model_path:
-                    view.kth = view._next
-                view.scores[view._next] = score
-                view._next += 1
-            view._mirrors = tuple(callback.best_k_models)
-            callback.__dict__[_LOCAL_TOP_K] = view
-        return view
-
-    @contextmanager
-    def installed(self, callback: ModelCheckpoint) -> Iterator[None]:
-        """Within the block, the callback's top-k attributes are this rank's own."""
-        saved = (callback.best_k_models, callback.kth_best_model_path, callback.__dict__.get("kth_value"))
-        callback.best_k_models = self.scores  # type: ignore[assignment]
-        callback.kth_best_model_path = self.kth  # type: ignore[assignment]
-        if self.kth is not None:
-            callback.kth_value = self.scores[self.kth]
-        try:
-            yield
-        finally:
-            callback.best_k_models, callback.kth_best_model_path = saved[0], saved[1]
-            if saved[2] is not None:
-                callback.kth_value = saved[2]
-
-    def record(self, callback: ModelCheckpoint, score: Tensor) -> None:
-        """Record a save as ``ModelCheckpoint._update_best_and_save`` would have on this rank."""
-        k = len(self.scores) + 1 if callback.save_top_k == -1 else callback.save_top_k
-        if len(self.scores) == k and k > 0 and self.kth is not None:
-            self.scores.pop(self.kth)
-        if torch.isnan(score):
-            score = torch.tensor(float("inf" if callback.mode == "min" else "-inf"), device=score.device)
-        self.scores[self._next] = score
-        self._next += 1
-        if len(self.scores) == k:
-            worst = max if callback.mode == "min" else min
-            self.kth = worst(self.scores, key=self.scores.__getitem__)
-        self._mirrors = tuple(callback.best_k_models)

@@ -17,6 +17,7 @@ from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 from lightning_ext import decisions
 from lightning_ext._collective import RankGroup, all_reduce_row
 from lightning_ext._exchange import Layout, Observation, pack, unpack
+from lightning_ext._local_top_k import LocalTopK
 from lightning_ext.policies import VotePolicy, VoteTally, resolve_policy
 
 CKPT_DIR = "/nonexistent/lightning-ext-ckpts"  # never written: the stand-in trainer only records the save
@@ -123,7 +124,7 @@ def candidates(epoch: int, value: float | None, acc: float | None) -> dict[str, 
 
 def checkpoint_state(callback: ModelCheckpoint, trainer: StandInTrainer, vote: bool = False) -> dict[str, Any]:
     """The visible state, as plain data; under a vote policy also this rank's own top-k scores (in save order)."""
-    local = decisions._LocalTopK.of(callback) if vote else None
+    local = LocalTopK.of(callback) if vote else None
     return {
         "best_k_models": {path: float(score) for path, score in callback.best_k_models.items()},
         "kth_best_model_path": callback.kth_best_model_path,
