@@ -5,6 +5,9 @@ optional hook, and use it if the strategy has one:
 
 * ``ModelCheckpoint._save_topk_checkpoint`` → ``strategy.save_topk_with_policy(callback, trainer, candidates)``; the
   stock body runs if the hook declines (returns ``False``);
+* ``ModelCheckpoint.on_train_batch_end``, when a step- or time-based save is due (it calls ``_monitor_candidates``)
+  → ``strategy.prepare_topk_decision(callback, trainer, candidates)``, before the callback's rank-local check for
+  the metric;
 * ``EarlyStopping._run_early_stopping_check`` → ``strategy.run_early_stopping_with_policy(callback, trainer)``;
 * ``_LoggerConnector.log_metrics`` → ``strategy.loggers_for_log_metrics(trainer, metrics)``: the loggers for this
   call (the per-rank logger is added);
@@ -77,6 +80,7 @@ def install() -> None:
 def _seams() -> tuple[tuple[type, str, Callable[[Any], Any]], ...]:
     return (
         (ModelCheckpoint, "_save_topk_checkpoint", _checkpoint_seam),
+        (ModelCheckpoint, "on_train_batch_end", _step_checkpoint_seam),
         (EarlyStopping, "_run_early_stopping_check", _early_stopping_seam),
         (_LoggerConnector, "log_metrics", _log_metrics_seam),
         (_ResultCollection, "metrics", _metrics_seam),
@@ -93,6 +97,31 @@ def _checkpoint_seam(original: Callable[..., None]) -> Callable[..., None]:
         original(self, trainer, monitor_candidates)
 
     return _save_topk_checkpoint
+
+
+def _step_checkpoint_seam(original: Callable[..., None]) -> Callable[..., None]:
+    @functools.wraps(original)
+    def on_train_batch_end(self: ModelCheckpoint, trainer: Any, *args: Any, **kwargs: Any) -> None:
+        hook = getattr(trainer.strategy, "prepare_topk_decision", None)
+        if hook is None:
+            original(self, trainer, *args, **kwargs)
+            return
+        # the stock method fetches the candidates exactly when a save is due: decide there (the patched source calls
+        # the hook right after that line)
+        fetch = type(self)._monitor_candidates
+
+        def candidates_then_decide(trainer_: Any) -> dict[str, Any]:
+            found: dict[str, Any] = fetch(self, trainer_)
+            hook(self, trainer_, found)
+            return found
+
+        self.__dict__["_monitor_candidates"] = candidates_then_decide  # shadows the method for this call only
+        try:
+            original(self, trainer, *args, **kwargs)
+        finally:
+            self.__dict__.pop("_monitor_candidates", None)
+
+    return on_train_batch_end
 
 
 def _early_stopping_seam(original: Callable[..., None]) -> Callable[..., None]:

@@ -41,12 +41,14 @@ __all__ = [
     "TopKDecision",
     "decide_early_stop",
     "decide_top_k",
+    "prepare_topk_decision",
     "run_early_stopping_check",
     "save_topk_checkpoint",
 ]
 
 _TEMPLATE_KEY = re.compile(r"(\{.*?)[:\}]")  # the pattern ModelCheckpoint uses to find metrics in a file name
 _TRAINER_KEYS = frozenset({"epoch", "step"})  # filled from the trainer, identical on every rank
+_EARLY_DECISION = "_lightning_ext_early_decision"
 
 
 @dataclass(frozen=True)
@@ -92,8 +94,13 @@ def save_topk_checkpoint(callback: ModelCheckpoint, trainer: Any, monitor_candid
     """
     if callback.save_top_k == 0 or callback.monitor is None:
         return False
-    policy: DecisionPolicy = trainer.strategy.checkpoint_policy
-    decision = decide_top_k(RankGroup.from_strategy(trainer.strategy), policy, callback, trainer, monitor_candidates)
+    early = callback.__dict__.pop(_EARLY_DECISION, None)
+    if early is not None and early[0] is monitor_candidates:
+        decision = early[1]  # made by prepare_topk_decision for these very candidates: no second exchange
+    else:
+        policy: DecisionPolicy = trainer.strategy.checkpoint_policy
+        ranks = RankGroup.from_strategy(trainer.strategy)
+        decision = decide_top_k(ranks, policy, callback, trainer, monitor_candidates)
     if decision is None:
         return False
     for key, value in decision.names.items():
@@ -112,6 +119,23 @@ def save_topk_checkpoint(callback: ModelCheckpoint, trainer: Any, monitor_candid
             f"Epoch {epoch:d}, global step {step:d}: {callback.monitor!r} was not in top {callback.save_top_k}"
         )
     return True
+
+
+def prepare_topk_decision(callback: ModelCheckpoint, trainer: Any, monitor_candidates: dict[str, Tensor]) -> None:
+    """A step- or time-based save is due: decide it now, on every rank, before ``ModelCheckpoint`` looks for the metric.
+
+    ``ModelCheckpoint.on_train_batch_end`` defers the save when the monitored metric is not logged yet, and it checks
+    that on each rank alone: a metric logged on some ranks only would send those ranks into the decision's
+    collective and the others not, a deadlock. Deciding here, where every rank arrives, turns that into
+    ``MonitorMissingError`` on every rank. The decision is kept and used by :func:`save_topk_checkpoint` for the
+    same candidates, so a step-based save still costs one exchange.
+    """
+    callback.__dict__.pop(_EARLY_DECISION, None)
+    if callback.save_top_k == 0 or callback.monitor is None:
+        return
+    policy: DecisionPolicy = trainer.strategy.checkpoint_policy
+    decision = decide_top_k(RankGroup.from_strategy(trainer.strategy), policy, callback, trainer, monitor_candidates)
+    callback.__dict__[_EARLY_DECISION] = (monitor_candidates, decision)
 
 
 def run_early_stopping_check(callback: EarlyStopping, trainer: Any) -> bool:

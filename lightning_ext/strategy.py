@@ -2,7 +2,8 @@
 
 The strategy is a thin seam. It carries the options and, once at set-up, agrees with the other ranks on them and on
 the run's log directory: one gather, the only collective it adds. Lightning's callbacks and logger connector reach
-it through hooks (``save_topk_with_policy``, ``run_early_stopping_with_policy``, ``loggers_for_log_metrics``; see
+it through hooks (``save_topk_with_policy``, ``prepare_topk_decision``, ``run_early_stopping_with_policy``,
+``loggers_for_log_metrics``; see
 :mod:`lightning_ext._runtime`). The hooks delegate to :mod:`lightning_ext.decisions` and
 :mod:`lightning_ext.rank_logger`.
 """
@@ -158,6 +159,10 @@ class PolicyDDPStrategy(DDPStrategy):
     def save_topk_with_policy(self, callback: Any, trainer: Any, monitor_candidates: dict[str, Any]) -> bool:
         """The ``ModelCheckpoint`` seam: decide the top-k save under :attr:`checkpoint_policy`."""
         return decisions.save_topk_checkpoint(callback, trainer, monitor_candidates)
+
+    def prepare_topk_decision(self, callback: Any, trainer: Any, monitor_candidates: dict[str, Any]) -> None:
+        """The ``ModelCheckpoint.on_train_batch_end`` seam: decide a due step-based save on every rank, up front."""
+        decisions.prepare_topk_decision(callback, trainer, monitor_candidates)
 
     def run_early_stopping_with_policy(self, callback: Any, trainer: Any) -> bool:
         """The ``EarlyStopping`` seam: decide the stop under :attr:`early_stopping_policy`."""

@@ -21,16 +21,26 @@ from lightning_ext import PolicyDDPStrategy
 class TableModule(L.LightningModule):
     """Logs ``val_loss`` = ``table[rank][epoch]``, un-synced, so ranks see different values."""
 
-    def __init__(self, table: list[list[float | None]], sync_dist: bool = False, log_on: str = "all") -> None:
+    def __init__(
+        self,
+        table: list[list[float | None]],
+        sync_dist: bool = False,
+        log_on: str = "all",
+        train_table: list[list[float]] | None = None,
+    ) -> None:
         super().__init__()
         self.table = table
         self.sync_dist = sync_dist
         self.log_on = log_on
+        self.train_table = train_table
         self.layer = torch.nn.Linear(4, 1)
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         loss = self.layer(batch[0]).pow(2).mean()
         self.log("train_loss", loss)
+        if self.train_table is not None and (self.log_on != "rank_zero" or self.trainer.is_global_zero):
+            row = self.train_table[self.trainer.global_rank]
+            self.log("train_metric", torch.tensor(row[min(self.global_step, len(row) - 1)]))  # on_step, un-synced
         return loss
 
     def validation_step(self, batch: Any, batch_idx: int) -> None:
@@ -107,6 +117,7 @@ def fit(
     early_stopping: dict[str, Any] | None = None,
     sync_dist: bool = False,
     log_on: str = "all",
+    train_table: list[list[float]] | None = None,
 ) -> dict[str, Any]:
     """One ``Trainer.fit`` on this rank; returns the rank's view of the outcome."""
     callbacks: list[Any] = []
@@ -119,7 +130,7 @@ def fit(
         callbacks.append(early_cb)
     trainer = L.Trainer(
         accelerator="cpu",
-        devices=len(table),
+        devices=len(table or train_table or []),
         strategy=make_strategy(strategy),
         max_epochs=max_epochs,
         callbacks=callbacks,
@@ -130,7 +141,8 @@ def fit(
         num_sanity_val_steps=0,
         deterministic=True,
     )
-    trainer.fit(TableModule(table, sync_dist=sync_dist, log_on=log_on), _loader(), _loader())
+    module = TableModule(table, sync_dist=sync_dist, log_on=log_on, train_table=train_table)
+    trainer.fit(module, _loader(), _loader() if table else None)
     result: dict[str, Any] = {
         "rank": trainer.global_rank,
         "strategy": type(trainer.strategy).__name__,

@@ -168,3 +168,24 @@ def test_a_hang_is_reported_not_waited_for(rank_pools: Any) -> None:
     with pytest.raises(RankTimeout, match=r"rank\(s\) \[0, 1\] did not answer within 3s"):
         pool.run("time:sleep", (30,), timeout=3)
     assert time.monotonic() - started < 15
+
+
+def test_step_based_checkpoint_with_metric_on_rank_zero_only_is_one_error_on_every_rank(
+    rank_pools: Any, tmp_path: Any
+) -> None:
+    """Lightning defers a due step-based save on each rank that lacks the metric, alone: a deadlock in stock."""
+    from tests.test_trainer_policies import STEP_CKPT, STEP_TABLE
+
+    started = time.monotonic()
+    with pytest.raises(RankFailure) as raised:
+        rank_pools(2).run(
+            "tests.scenarios:fit",
+            (str(tmp_path), {}, []),
+            checkpoint=STEP_CKPT,
+            train_table=STEP_TABLE,
+            log_on="rank_zero",
+            max_epochs=3,
+            timeout=60,
+        )
+    same_error_everywhere(raised.value, 2, "MonitorMissingError", "'train_metric'", "missing on rank(s) [1]")
+    assert time.monotonic() - started < 20

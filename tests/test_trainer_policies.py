@@ -214,3 +214,35 @@ def test_user_subclass_with_its_own_top_k_rule_votes_with_it(rank_pools: Any, tm
     # majority with the margin rule: e1 (T,F,F) no; e2 vs (4,4,4): (3.5<3.25 F, F, F) no; e3: (2<3.25 T, 3<3.25 T,
     # F): save; e4 vs (2,3,6): (F, 2.25<2.25 F, 2.75<5.25 T): no.
     assert majority[0]["saves"] == ["epoch=0-val_loss=4.00.ckpt", "epoch=3-val_loss=2.00.ckpt"]
+
+
+# ---- step-based checkpoints (every_n_train_steps): decided where every rank arrives ------------------------------
+STEP_TABLE = [  # train_metric per global step (one step per epoch here), un-synced
+    [4.0, 3.0, 3.5, 2.0, 2.5],
+    [4.0, 5.0, 3.0, 3.0, 2.25],
+]
+STEP_CKPT = {"monitor": "train_metric", "every_n_train_steps": 1, "filename": "{step}-{train_metric:.2f}"}
+
+
+def test_step_based_checkpoints_follow_the_policy_and_defaults_match_stock(rank_pools: Any, tmp_path: Any) -> None:
+    pool = rank_pools(2)
+    runs = {}
+    for label, strategy in (("stock", "stock"), ("defaults", {}), ("mean", {"checkpoint_policy": "mean"})):
+        runs[label] = pool.run(
+            "tests.scenarios:fit",
+            (str(tmp_path / label), strategy, []),
+            checkpoint=STEP_CKPT,
+            train_table=STEP_TABLE,
+            max_epochs=5,
+        )
+    for key in ("files", "saves", "best_model_path"):
+        assert runs["defaults"][0][key] == runs["stock"][0][key], key
+    assert_agreed(runs["defaults"], AGREED)
+    assert_agreed(runs["mean"], AGREED)
+    # mean over the ranks: 4 (save), 4 (no), 3.25 (save), 2.5 (save), 2.375 (save)
+    assert runs["mean"][0]["saves"] == [
+        "step=1-train_metric=4.00.ckpt",
+        "step=3-train_metric=3.25.ckpt",
+        "step=4-train_metric=2.50.ckpt",
+        "step=5-train_metric=2.38.ckpt",
+    ]

@@ -13,7 +13,7 @@ sys.path.insert(0, str(REPO))
 
 from tests._pool import RankPool  # noqa: E402
 from tests.test_per_rank_metrics import full_script  # noqa: E402
-from tests.test_trainer_policies import CKPT, ES_TABLE_3, TABLE_3  # noqa: E402
+from tests.test_trainer_policies import CKPT, ES_TABLE_3, STEP_CKPT, STEP_TABLE, TABLE_3  # noqa: E402
 
 
 def _files(directory: Path) -> dict[str, str]:
@@ -42,6 +42,18 @@ def main() -> None:
                 early_stopping={"monitor": "val_loss", "patience": 1},
                 max_epochs=6,
             )
+        step_pool = RankPool(2)
+        try:
+            for name, spec in (("stock", "stock"), ("default", {}), ("mean", {"checkpoint_policy": "mean"})):
+                outcomes[f"step_checkpoint/{name}"] = step_pool.run(
+                    "tests.scenarios:fit",
+                    (str(work / f"step_{name}"), spec, []),
+                    checkpoint=STEP_CKPT,
+                    train_table=STEP_TABLE,
+                    max_epochs=5,
+                )
+        finally:
+            step_pool.close()
         for name, spec in (("stock", "stock"), ("per_rank", {"per_rank_metrics": True})):
             root = work / f"metrics_{name}"
             results = pool.run(
