@@ -16,14 +16,14 @@ __all__ = ["default_machine", "load_average", "metadata", "slugify"]
 
 
 def slugify(text: str) -> str:
-    """``"NVIDIA H100 80GB HBM3"`` → ``"nvidia-h100-80gb-hbm3"``.
+    """Lower case, runs of anything but letters, digits and ``_`` made one ``-``: a safe file name.
 
     Example:
         >>> slugify("NVIDIA H100 80GB HBM3")
         'nvidia-h100-80gb-hbm3'
 
     """
-    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "machine"
+    return re.sub(r"[^a-z0-9_]+", "-", text.lower()).strip("-_") or "machine"
 
 
 def default_machine() -> str:

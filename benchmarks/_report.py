@@ -179,7 +179,8 @@ def markdown(rows: list[Row], targets: list[Target], metadata: dict[str, Any]) -
         f"{metadata['cpu_count']} CPUs{', ' + metadata['cuda_device'] if metadata.get('cuda_device') else ''}; "
         f"{metadata['counts']['decisions']} decisions per subject, {metadata['counts']['warmup']} warm-up rounds, "
         f"{metadata['counts']['repeats']} x {metadata['counts']['train_steps']} timed training steps per"
-        " configuration.",
+        f" configuration. Load average (1, 5, 15 min) before: {metadata['load_average_before']}, after:"
+        f" {metadata['load_average_after']}.",
         "",
         "| backend | device | world size | subject | median µs | p90 µs | ratio to stock | collectives | target |",
         "|---|---|---:|---|---:|---:|---:|---|---|",
@@ -195,7 +196,8 @@ def markdown(rows: list[Row], targets: list[Target], metadata: dict[str, Any]) -
     for name in dict.fromkeys(t.name for t in targets):
         mine = [t for t in targets if t.name == name]
         missed = [t for t in mine if not t.met]
-        lines.append(f"- {name} ({mine[0].comparison} {mine[0].limit:g}): {len(mine) - len(missed)}/{len(mine)} met")
+        limits = " or ".join(f"{t.comparison} {t.limit:g}" for t in {t.limit: t for t in mine}.values())
+        lines.append(f"- {name} ({limits}): {len(mine) - len(missed)}/{len(mine)} met")
         lines += [f"  - missed: {t.where}: {t.value:.3f}" for t in missed]
     lines += ["", "## Notes", ""] + [f"- {note}" for note in metadata.get("notes", [])]
     return "\n".join(lines) + "\n"
