@@ -14,4 +14,4 @@ lint: setup
 	.venv/bin/python -m ruff check lightning_ext tests benchmarks
 
 typecheck: setup
-	.venv/bin/python -m mypy lightning_ext
+	.venv/bin/python -m mypy lightning_ext benchmarks

@@ -1,0 +1,196 @@
+"""Per-decision latency and collective counts, measured inside one rank of a running process group.
+
+Subjects, for each path (``checkpoint``, ``early_stopping``):
+
+* ``<path>/stock``: stock Lightning on a real ``DDPStrategy``. ``checkpoint``: ``ModelCheckpoint.check_monitor_top_k``
+  in the state where it compares and calls ``reduce_boolean_decision``; ``early_stopping``:
+  ``EarlyStopping._run_early_stopping_check``. Both run inside :func:`~benchmarks._standins.stock_lightning`.
+* ``<path>/<policy>`` for every built-in policy, on a ``PolicyDDPStrategy`` carrying it:
+  :func:`lightning_ext.decisions.decide_top_k` on the same callback state, and
+  :func:`lightning_ext.decisions.run_early_stopping_check`.
+
+Each round runs every subject once, in an order shuffled with the same seed on every rank, with fresh random metric
+values drawn per rank (about half of the ranks vote yes, so decisions vary). Before each timed call, an untimed
+barrier lines the ranks up, so every subject starts from the same alignment. The timed region is the decision call
+alone, with ``time.perf_counter_ns``. Warm-up rounds come first and are not kept. A few further rounds count each
+subject's ``torch.distributed`` calls with :func:`lightning_ext.count_collectives` (untimed).
+"""
+
+import random
+import time
+from collections import Counter
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+from lightning.pytorch.strategies import DDPStrategy
+
+from benchmarks._standins import TrainerStandIn, policy_strategy, stock_lightning, stock_strategy
+from lightning_ext import available_policies, count_collectives
+from lightning_ext._collective import RankGroup
+from lightning_ext.decisions import decide_top_k, run_early_stopping_check
+from lightning_ext.strategy import PolicyDDPStrategy
+
+__all__ = ["COUNT_ROUNDS", "DecisionResult", "decision_policies", "decision_subjects", "run_decisions"]
+
+COUNT_ROUNDS = 5
+_PREFERRED_ORDER = ("all", "any", "majority", "rank_zero", "mean", "min", "max")
+_TOP_K_SCORES = (0.2, 0.35, 0.5)  # the recorded top-3 (mode "min"): a new value below 0.5 enters it
+_BEST_SCORE = 0.5  # EarlyStopping's best so far (mode "min", patience 1): a value at or above it asks to stop
+_PATHS = ("checkpoint", "early_stopping")
+
+
+@dataclass
+class DecisionResult:
+    """What one rank measured.
+
+    Attributes:
+        samples_ns: per subject, the latency of every timed decision, in nanoseconds, in run order.
+        collectives: per subject, the ``torch.distributed`` calls per decision, by name.
+        count_rounds: how many decisions of each subject were counted.
+
+    """
+
+    samples_ns: dict[str, list[int]] = field(default_factory=dict)
+    collectives: dict[str, dict[str, float]] = field(default_factory=dict)
+    count_rounds: int = 0
+
+
+def decision_policies() -> list[str]:
+    """Every built-in policy name, votes first, in a stable order."""
+    names = available_policies()
+    known = [name for name in _PREFERRED_ORDER if name in names]
+    return known + sorted(set(names) - set(known))
+
+
+def decision_subjects() -> list[str]:
+    """The subject names, ``<path>/<stock or policy>``, in report order."""
+    return [f"{path}/{name}" for path in _PATHS for name in ("stock", *decision_policies())]
+
+
+@dataclass
+class _Subject:
+    name: str
+    prepare: Callable[[float], None]  # untimed: fresh state and this round's metric value
+    call: Callable[[], object]  # timed: the decision itself
+    stock: bool
+
+
+def _checkpoint_callback() -> ModelCheckpoint:
+    callback = ModelCheckpoint(dirpath="/nonexistent/lightning-ext-bench", monitor="val_loss", mode="min", save_top_k=3)
+    callback.best_k_models = {f"/nonexistent/k{i}.ckpt": torch.tensor(s) for i, s in enumerate(_TOP_K_SCORES)}
+    callback.kth_best_model_path = f"/nonexistent/k{len(_TOP_K_SCORES) - 1}.ckpt"
+    callback.kth_value = torch.tensor(max(_TOP_K_SCORES))
+    callback.best_model_path = "/nonexistent/k0.ckpt"
+    callback.best_model_score = torch.tensor(min(_TOP_K_SCORES))
+    return callback
+
+
+def _checkpoint_subject(label: str, strategy: DDPStrategy, device: torch.device) -> _Subject:
+    trainer: Any = TrainerStandIn(strategy)
+    callback = _checkpoint_callback()
+    state: dict[str, dict[str, torch.Tensor]] = {}
+
+    def prepare(value: float) -> None:
+        current = torch.tensor(value, dtype=torch.float32, device=device)
+        state["candidates"] = {"epoch": torch.tensor(0), "step": torch.tensor(0), "val_loss": current}
+
+    if not isinstance(strategy, PolicyDDPStrategy):
+        return _Subject(
+            f"checkpoint/{label}",
+            prepare,
+            lambda: callback.check_monitor_top_k(trainer, state["candidates"]["val_loss"]),
+            True,
+        )
+    policy = strategy.checkpoint_policy
+
+    def call() -> object:
+        return decide_top_k(RankGroup.from_strategy(strategy), policy, callback, trainer, state["candidates"])
+
+    return _Subject(f"checkpoint/{label}", prepare, call, False)
+
+
+def _early_stopping_subject(label: str, strategy: DDPStrategy, device: torch.device) -> _Subject:
+    trainer: Any = TrainerStandIn(strategy)
+    callback = EarlyStopping(monitor="val_loss", mode="min", patience=1, verbose=False)
+
+    def prepare(value: float) -> None:
+        callback.best_score = torch.tensor(_BEST_SCORE, device=device)
+        callback.wait_count = 0
+        callback.stopped_epoch = 0
+        trainer.should_stop = False
+        trainer.callback_metrics = {"val_loss": torch.tensor(value, dtype=torch.float32, device=device)}
+
+    if not isinstance(strategy, PolicyDDPStrategy):
+        return _Subject(f"early_stopping/{label}", prepare, lambda: callback._run_early_stopping_check(trainer), True)
+    return _Subject(f"early_stopping/{label}", prepare, lambda: run_early_stopping_check(callback, trainer), False)
+
+
+def _subjects(device: torch.device, world_size: int) -> list[_Subject]:
+    """Every subject with its own callback and trainer stand-in; the policy subjects share one strategy per policy."""
+    subjects = [
+        _checkpoint_subject("stock", stock_strategy(device, world_size), device),
+        _early_stopping_subject("stock", stock_strategy(device, world_size), device),
+    ]
+    for policy in decision_policies():
+        strategy = policy_strategy(device, world_size, policy=policy)
+        subjects += [_checkpoint_subject(policy, strategy, device), _early_stopping_subject(policy, strategy, device)]
+    return subjects
+
+
+def run_decisions(
+    device: torch.device,
+    *,
+    world_size: int,
+    rank: int,
+    decisions: int,
+    warmup: int,
+    seed: int,
+    progress: Callable[[int], None],
+) -> DecisionResult:
+    """Warm up, count, then time every subject ``decisions`` times, interleaved (see the module docstring).
+
+    Args:
+        device: where the metric tensors and the strategies' root device live.
+        world_size: the number of ranks in the process group.
+        rank: this process's global rank.
+        decisions: timed decisions per subject.
+        warmup: untimed rounds before counting and timing.
+        seed: seeds the subject order (same on every rank) and the metric values (different per rank).
+        progress: called with the number of decisions just made (for the progress bar).
+
+    """
+    subjects = _subjects(device, world_size)
+    order = random.Random(seed)
+    values = random.Random(seed * 1_000_003 + rank + 1)
+    result = DecisionResult(samples_ns={s.name: [] for s in subjects})
+    counted: dict[str, Counter[str]] = {s.name: Counter() for s in subjects}
+    phases = (("warmup", warmup), ("count", COUNT_ROUNDS), ("time", decisions))
+    for phase, rounds in phases:
+        for _ in range(rounds):
+            checkpoint_value, stopping_value = values.random(), values.random()
+            for subject in order.sample(subjects, len(subjects)):
+                subject.prepare(checkpoint_value if subject.name.startswith("checkpoint/") else stopping_value)
+                context: AbstractContextManager[object] = stock_lightning() if subject.stock else nullcontext()
+                with context:
+                    dist.barrier()  # untimed: every rank starts the decision together
+                    if phase == "count":
+                        with count_collectives() as counts:
+                            subject.call()
+                        counted[subject.name].update(counts)
+                        continue
+                    start = time.perf_counter_ns()
+                    subject.call()
+                    elapsed = time.perf_counter_ns() - start
+                if phase == "time":
+                    result.samples_ns[subject.name].append(elapsed)
+            progress(len(subjects))
+    result.count_rounds = COUNT_ROUNDS
+    result.collectives = {
+        name: {op: n / COUNT_ROUNDS for op, n in sorted(counts.items())} for name, counts in counted.items()
+    }
+    return result

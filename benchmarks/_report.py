@@ -1,0 +1,203 @@
+"""From the sessions' raw measurements to result rows, target checks, and the JSON and Markdown files.
+
+Decision rows: median and 90th percentile over every timed decision of the subject; ``ratio_to_stock`` is the
+subject's median over the median of the stock subject of the same path, backend, device and world size (same run).
+Training rows: the median over the timed fits of each fit's median (and 90th percentile) step time; the ratio is
+per-rank metrics over stock. ``collectives`` is counted: ``torch.distributed`` calls per decision, or per step.
+"""
+
+import json
+import statistics
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from benchmarks._decisions import decision_subjects
+from benchmarks._plan import SessionSpec
+from benchmarks._session import SessionResult
+
+__all__ = ["LATENCY_TARGET", "STEP_TARGET", "Row", "Target", "build_rows", "check_targets", "markdown", "write_json"]
+
+LATENCY_TARGET = 1.10
+STEP_TARGET = 1.03
+
+
+@dataclass(frozen=True)
+class Row:
+    """One measured subject in one session (the JSON row)."""
+
+    backend: str
+    device: str
+    world_size: int
+    subject: str
+    median_us: float
+    p90_us: float
+    ratio_to_stock: float
+    collectives: float
+    collectives_by_name: dict[str, float] = field(default_factory=dict)
+    mean_us: float = 0.0
+    samples: int = 0
+
+    @property
+    def is_policy(self) -> bool:
+        """A lightning-ext decision subject (not stock, not a training step)."""
+        path, _, name = self.subject.partition("/")
+        return path in ("checkpoint", "early_stopping") and name != "stock"
+
+
+@dataclass(frozen=True)
+class Target:
+    """One target check: ``value`` against ``limit`` (``<=``, or ``==`` for counts)."""
+
+    name: str
+    where: str
+    value: float
+    limit: float
+    comparison: str
+    met: bool
+
+
+def _percentile(values: list[float], q: float) -> float:
+    if len(values) == 1:
+        return values[0]
+    return statistics.quantiles(values, n=100, method="inclusive")[round(q) - 1]
+
+
+def _rows_of(result: SessionResult) -> list[Row]:
+    spec: SessionSpec = result.spec
+    rows: list[Row] = []
+    if result.decisions is not None:
+        for subject in decision_subjects():  # report order: the checkpoint path, then early stopping
+            micros = [ns / 1000 for ns in result.decisions.samples_ns[subject]]
+            stock = [ns / 1000 for ns in result.decisions.samples_ns[subject.split("/")[0] + "/stock"]]
+            counts = result.decisions.collectives[subject]
+            rows.append(
+                Row(
+                    spec.backend,
+                    spec.device,
+                    spec.world_size,
+                    subject=subject,
+                    median_us=statistics.median(micros),
+                    p90_us=_percentile(micros, 90),
+                    ratio_to_stock=statistics.median(micros) / statistics.median(stock),
+                    collectives=sum(counts.values()),
+                    collectives_by_name=counts,
+                    mean_us=statistics.fmean(micros),
+                    samples=len(micros),
+                )
+            )
+    training = result.training
+    if training is not None:
+        runs_us = {config: [[ns / 1000 for ns in run] for run in runs] for config, runs in training.step_ns.items()}
+        medians = {
+            config: statistics.median([statistics.median(run) for run in runs]) for config, runs in runs_us.items()
+        }
+        for config, runs in runs_us.items():
+            counts = training.collectives_per_step[config]
+            pooled = [us for run in runs for us in run]
+            rows.append(
+                Row(
+                    spec.backend,
+                    spec.device,
+                    spec.world_size,
+                    subject=f"training_step/{config}",
+                    median_us=medians[config],
+                    p90_us=statistics.median([_percentile(run, 90) for run in runs]),
+                    ratio_to_stock=medians[config] / medians["stock"],
+                    collectives=sum(counts.values()),
+                    collectives_by_name=counts,
+                    mean_us=statistics.fmean(pooled),
+                    samples=len(pooled),
+                )
+            )
+    return rows
+
+
+def build_rows(results: list[SessionResult]) -> list[Row]:
+    """Every row of every session that measured something, in session order."""
+    return [row for result in results for row in _rows_of(result)]
+
+
+def check_targets(rows: list[Row]) -> list[Target]:
+    """The four targets, one check per policy row (latency, collectives) and per training comparison."""
+    targets: list[Target] = []
+    for row in rows:
+        where = f"{row.backend}/{row.device} W={row.world_size} {row.subject}"
+        if row.is_policy:
+            ratio = row.ratio_to_stock
+            targets.append(
+                Target("decision latency vs stock", where, ratio, LATENCY_TARGET, "<=", ratio <= LATENCY_TARGET)
+            )
+            expected = 1.0 if row.world_size > 1 else 0.0
+            targets.append(
+                Target("collectives per decision", where, row.collectives, expected, "==", row.collectives == expected)
+            )
+        if row.subject == "training_step/per_rank_metrics":
+            ratio = row.ratio_to_stock
+            targets.append(Target("training step vs stock", where, ratio, STEP_TARGET, "<=", ratio <= STEP_TARGET))
+            stock = next(
+                r
+                for r in rows
+                if r.subject == "training_step/stock" and (r.backend, r.world_size) == (row.backend, row.world_size)
+            )
+            extra = row.collectives - stock.collectives
+            targets.append(Target("extra collectives per logging step", where, extra, 0.0, "==", extra == 0.0))
+    return targets
+
+
+def write_json(path: Path, rows: list[Row], targets: list[Target], metadata: dict[str, Any]) -> None:
+    """``{"metadata": ..., "rows": [...], "targets": [...]}``, indented."""
+    document = {"metadata": metadata, "rows": [asdict(r) for r in rows], "targets": [asdict(t) for t in targets]}
+    path.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
+
+
+def _verdict(row: Row, targets: list[Target]) -> str:
+    where = f"{row.backend}/{row.device} W={row.world_size} {row.subject}"
+    mine = [t for t in targets if t.where == where]
+    if not mine:
+        return "baseline" if row.subject.endswith("/stock") else ""
+    return "; ".join(f"{_short(t)} {'met' if t.met else '**missed**'}" for t in mine)
+
+
+def _short(target: Target) -> str:
+    if target.comparison == "<=":
+        return f"≤ {target.limit:.2f}x"
+    unit = "/step extra" if "step" in target.name else "/decision"
+    return f"{target.limit:g} collective{'' if target.limit == 1 else 's'}{unit}"
+
+
+def _names(counts: dict[str, float]) -> str:
+    return ", ".join(f"{name} {n:g}" for name, n in counts.items()) or "none"
+
+
+def markdown(rows: list[Row], targets: list[Target], metadata: dict[str, Any]) -> str:
+    """The table of every row, its targets marked met or missed, then a summary and what was measured how."""
+    lines = [
+        f"# Communication overhead: {metadata['machine']}",
+        "",
+        f"{metadata['date']}; torch {metadata['torch']}, lightning {metadata['lightning']}, "
+        f"{metadata['cpu_count']} CPUs{', ' + metadata['cuda_device'] if metadata.get('cuda_device') else ''}; "
+        f"{metadata['counts']['decisions']} decisions per subject, {metadata['counts']['warmup']} warm-up rounds, "
+        f"{metadata['counts']['repeats']} x {metadata['counts']['train_steps']} timed training steps per"
+        f" configuration. Load average (1, 5, 15 min) before: {metadata['load_average_before']}, after:"
+        f" {metadata['load_average_after']}.",
+        "",
+        "| backend | device | world size | subject | median µs | p90 µs | ratio to stock | collectives | target |",
+        "|---|---|---:|---|---:|---:|---:|---|---|",
+    ]
+    for row in rows:
+        per = "step" if row.subject.startswith("training_step/") else "decision"
+        lines.append(
+            f"| {row.backend} | {row.device} | {row.world_size} | `{row.subject}` | {row.median_us:.1f} | "
+            f"{row.p90_us:.1f} | {row.ratio_to_stock:.3f} | {row.collectives:g}/{per}"
+            f" ({_names(row.collectives_by_name)}) | {_verdict(row, targets)} |"
+        )
+    lines += ["", "## Targets", ""]
+    for name in dict.fromkeys(t.name for t in targets):
+        mine = [t for t in targets if t.name == name]
+        missed = [t for t in mine if not t.met]
+        limits = " or ".join(f"{t.comparison} {t.limit:g}" for t in {t.limit: t for t in mine}.values())
+        lines.append(f"- {name} ({limits}): {len(mine) - len(missed)}/{len(mine)} met")
+        lines += [f"  - missed: {t.where}: {t.value:.3f}" for t in missed]
+    lines += ["", "## Notes", ""] + [f"- {note}" for note in metadata.get("notes", [])]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,182 @@
+"""Training-step time and collectives per logging step: stock ``DDPStrategy`` against per-rank metrics.
+
+Both configurations run a real ``Trainer.fit`` on the ranks of the session's process group (Lightning reuses it:
+the ranks carry ``LOCAL_RANK``/``WORLD_SIZE``/...), with the same small model, data and seed, ``CSVLogger`` and
+``log_every_n_steps=1``:
+
+* ``stock``: ``DDPStrategy()``, run inside :func:`~benchmarks._standins.stock_lightning` (no lightning-ext seam);
+* ``per_rank_metrics``: ``PolicyDDPStrategy(per_rank_metrics=True)``.
+
+A step is timed from one ``on_train_batch_start`` to the next, so each window holds the whole step: the forward and
+backward passes with DDP's gradient all-reduce, the optimizer step, the batch-end hooks and then the logger connector's
+``log_metrics`` (where the per-rank row is written), the loggers' periodic save, and the fetch of the next batch. The
+first :data:`SKIP_STEPS` windows (lazy set-up, DDP's bucket rebuild, the first CSV header) are dropped.
+
+One untimed fit per configuration first counts every ``torch.distributed`` call with
+:func:`lightning_ext.count_collectives`, window by window, so the count per logging step covers exactly the timed
+windows. Then the timed fits alternate ``repeats`` times (stock first on even repeats, per-rank first on odd ones).
+"""
+
+import os
+from collections import Counter
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field
+from time import perf_counter_ns
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.strategies import DDPStrategy
+from torch.utils.data import DataLoader, TensorDataset
+
+from benchmarks._standins import stock_lightning
+from lightning_ext import PolicyDDPStrategy, count_collectives
+
+__all__ = ["CONFIGS", "SKIP_STEPS", "TrainingResult", "run_training"]
+
+CONFIGS = ("stock", "per_rank_metrics")
+SKIP_STEPS = 5
+_BATCH = 32
+_FEATURES = 32
+
+
+@dataclass
+class TrainingResult:
+    """What rank 0 measured.
+
+    Attributes:
+        step_ns: per configuration, one list of step times (nanoseconds) per timed fit, in run order.
+        collectives_per_step: per configuration, ``torch.distributed`` calls per logging step, by name.
+        fit_collectives: per configuration, every call of the whole counted fit (set-up included), by name.
+        counted_steps: how many steps the counts per step were taken over.
+
+    """
+
+    step_ns: dict[str, list[list[int]]] = field(default_factory=dict)
+    collectives_per_step: dict[str, dict[str, float]] = field(default_factory=dict)
+    fit_collectives: dict[str, dict[str, int]] = field(default_factory=dict)
+    counted_steps: int = 0
+
+
+class _SmallModel(L.LightningModule):
+    """A two-layer regression; logs one synced and one un-synced metric every step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Linear(_FEATURES, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        prediction = self.net(x)
+        loss = torch.nn.functional.mse_loss(prediction, y)
+        self.log("train_loss", loss, on_step=True, on_epoch=False, sync_dist=True)
+        self.log("train_mae", (prediction - y).abs().mean(), on_step=True, on_epoch=False)
+        return loss
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+class _StepClock(Callback):
+    """Records the time (and, when counting, the collectives so far) at every ``on_train_batch_start``."""
+
+    def __init__(self, counts: Counter[str] | None) -> None:
+        self.starts_ns: list[int] = []
+        self.snapshots: list[Counter[str]] = []
+        self._counts = counts
+
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        self.starts_ns.append(perf_counter_ns())
+        if self._counts is not None:
+            self.snapshots.append(Counter(self._counts))
+
+    def windows_ns(self) -> list[int]:
+        """The kept step times: consecutive starts, the first :data:`SKIP_STEPS` dropped."""
+        return [b - a for a, b in zip(self.starts_ns, self.starts_ns[1:], strict=False)][SKIP_STEPS:]
+
+
+def _loader(world_size: int, batches: int, seed: int) -> "DataLoader[Any]":
+    generator = torch.Generator().manual_seed(seed)
+    size = world_size * batches * _BATCH
+    data = TensorDataset(torch.randn(size, _FEATURES, generator=generator), torch.randn(size, 1, generator=generator))
+    return DataLoader(data, batch_size=_BATCH)  # Lightning adds a DistributedSampler: `batches` per rank
+
+
+def _fit(config: str, root: str, *, world_size: int, batches: int, seed: int, clock: _StepClock) -> None:
+    strategy = DDPStrategy() if config == "stock" else PolicyDDPStrategy(per_rank_metrics=True)
+    os.environ["WORLD_SIZE"] = str(world_size)  # LightningEnvironment.teardown removes it after every fit
+    L.seed_everything(seed, verbose=False)
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=world_size,
+        strategy=strategy,
+        max_epochs=1,
+        max_steps=batches,
+        logger=CSVLogger(root),
+        log_every_n_steps=1,
+        callbacks=[clock],
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+        default_root_dir=root,
+    )
+    context: AbstractContextManager[object] = stock_lightning() if config == "stock" else nullcontext()
+    with context:
+        trainer.fit(_SmallModel(), _loader(world_size, batches, seed))
+
+
+def run_training(
+    *,
+    world_size: int,
+    train_steps: int,
+    repeats: int,
+    seed: int,
+    workdir: str,
+    progress: Callable[[int], None],
+) -> TrainingResult:
+    """Count, then time, both configurations (see the module docstring); run on every rank of the session.
+
+    Args:
+        world_size: the number of ranks in the process group.
+        train_steps: timed steps per fit (each fit runs :data:`SKIP_STEPS` + ``train_steps`` + 1 batches).
+        repeats: timed fits per configuration.
+        seed: the model, data and order seed.
+        workdir: a directory shared by the ranks; each fit logs under its own subdirectory.
+        progress: called with the number of steps just run.
+
+    """
+    batches = SKIP_STEPS + train_steps + 1
+    result = TrainingResult(step_ns={config: [] for config in CONFIGS})
+    for config in CONFIGS:
+        with count_collectives() as counts:
+            clock = _StepClock(counts)
+            _fit(
+                config,
+                os.path.join(workdir, f"count-{config}"),
+                world_size=world_size,
+                batches=batches,
+                seed=seed,
+                clock=clock,
+            )
+        per_window = [after - before for before, after in zip(clock.snapshots, clock.snapshots[1:], strict=False)]
+        kept = per_window[SKIP_STEPS:]
+        total: Counter[str] = sum(kept, Counter())
+        result.collectives_per_step[config] = {op: n / len(kept) for op, n in sorted(total.items())}
+        result.fit_collectives[config] = dict(sorted(counts.items()))
+        result.counted_steps = len(kept)
+        progress(batches)
+    for repeat in range(repeats):
+        for config in CONFIGS if repeat % 2 == 0 else CONFIGS[::-1]:
+            clock = _StepClock(None)
+            root = os.path.join(workdir, f"time-{config}-{repeat}")
+            _fit(config, root, world_size=world_size, batches=batches, seed=seed, clock=clock)
+            result.step_ns[config].append(clock.windows_ns())
+            progress(batches)
+    return result

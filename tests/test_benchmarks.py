@@ -1,0 +1,157 @@
+"""The communication benchmark (``python -m benchmarks.comm``): a smoke run end to end, and its failure paths.
+
+Timings are not asserted (they depend on the machine); the collective counts are, because they are counted and
+deterministic: every policy decision is exactly one collective, and per-rank metrics add none per logging step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from benchmarks._launch import SessionFailed, run_session
+from benchmarks._plan import Counts, SessionSpec
+from benchmarks._report import Row, check_targets
+from benchmarks.comm import main
+from lightning_ext import available_policies
+
+REPO = Path(__file__).resolve().parent.parent
+POLICIES = ("all", "any", "majority", "rank_zero", "mean", "min", "max")
+DECISION_SUBJECTS = {f"{path}/{name}" for path in ("checkpoint", "early_stopping") for name in ("stock", *POLICIES)}
+TRAINING_SUBJECTS = {"training_step/stock", "training_step/per_rank_metrics"}
+ROW_KEYS = {"backend", "device", "world_size", "subject", "median_us", "p90_us", "ratio_to_stock", "collectives"}
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    """One ``--smoke`` run of the whole command, in a subprocess, as CI runs it."""
+    out = tmp_path_factory.mktemp("bench")
+    process = subprocess.run(
+        [sys.executable, "-m", "benchmarks.comm", "--smoke", "--out", str(out), "--machine", "smoke"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=150,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert process.returncode == 0, process.stdout[-3000:] + process.stderr[-3000:]
+    return out, process
+
+
+def _document(out: Path) -> dict[str, Any]:
+    document: dict[str, Any] = json.loads((out / "smoke.json").read_text(encoding="utf-8"))
+    return document
+
+
+def test_the_policies_measured_are_the_built_in_ones() -> None:
+    assert set(POLICIES) == set(available_policies())
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_smoke_run_writes_json_markdown_and_png(smoke: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
+    out, process = smoke
+    assert sorted(path.name for path in out.iterdir()) == ["smoke.json", "smoke.md", "smoke.png"]
+    assert (out / "smoke.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    markdown = (out / "smoke.md").read_text(encoding="utf-8")
+    assert "| gloo | cpu | 2 | `checkpoint/mean` |" in markdown and "## Targets" in markdown
+    assert "training step vs stock" in process.stdout and "GPU part" in process.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_smoke_rows_have_the_schema_and_every_subject(smoke: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
+    document = _document(smoke[0])
+    meta = document["metadata"]
+    assert meta["machine"] == "smoke" and meta["counts"]["smoke"] is True and meta["cpu_count"] >= 1
+    assert {"torch", "lightning", "date"} <= set(meta)
+    cpu_rows = [row for row in document["rows"] if (row["backend"], row["device"]) == ("gloo", "cpu")]
+    for row in document["rows"]:
+        assert set(row) >= ROW_KEYS, row
+        assert row["median_us"] > 0 and row["p90_us"] >= row["median_us"] and row["ratio_to_stock"] > 0
+    for world_size in (2, 4):
+        subjects = {row["subject"] for row in cpu_rows if row["world_size"] == world_size}
+        expected = DECISION_SUBJECTS | (TRAINING_SUBJECTS if world_size == 2 else set())
+        assert subjects == expected, world_size
+    for row in cpu_rows:
+        if row["subject"].endswith("/stock"):
+            assert row["ratio_to_stock"] == 1.0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_smoke_collectives_are_counted(smoke: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
+    document = _document(smoke[0])
+    rows = [row for row in document["rows"] if row["device"] == "cpu"]
+    for row in rows:
+        path, _, name = row["subject"].partition("/")
+        if path in ("checkpoint", "early_stopping") and name != "stock":
+            assert row["collectives"] == 1 and row["collectives_by_name"] == {"all_reduce": 1}, row
+        elif path in ("checkpoint", "early_stopping"):  # stock: _sync_ddp's barrier, then its all_reduce
+            assert row["collectives_by_name"] == {"all_reduce": 1, "barrier": 1}, row
+    steps = {row["subject"]: row for row in rows if row["subject"] in TRAINING_SUBJECTS}
+    assert steps["training_step/stock"]["collectives"] > 0  # the counter sees the synced metric
+    assert (
+        steps["training_step/per_rank_metrics"]["collectives_by_name"]
+        == steps["training_step/stock"]["collectives_by_name"]
+    )
+    extra = [t for t in document["targets"] if t["name"] == "extra collectives per logging step"]
+    assert len(extra) == 1 and extra[0]["value"] == 0 and extra[0]["met"] is True
+    counted = [t for t in document["targets"] if t["name"] == "collectives per decision"]
+    assert len(counted) == 2 * 2 * len(POLICIES) and all(t["met"] for t in counted)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_failing_rank_surfaces_its_traceback() -> None:
+    with tempfile.TemporaryDirectory() as workdir, pytest.raises(SessionFailed) as failure:
+        run_session(
+            SessionSpec("gloo", "tpu", 1),
+            Counts(decisions=1, warmup=0, train_steps=1, repeats=1, seed=0),
+            workdir=workdir,
+            timeout_s=90,
+            on_progress=lambda _: None,
+        )
+    message = str(failure.value)
+    assert "Traceback" in message and "device must be 'cpu' or 'cuda', got 'tpu'" in message
+
+
+def test_targets_are_marked_met_or_missed() -> None:
+    def row(subject: str, ratio: float, collectives: float) -> Row:
+        return Row("gloo", "cpu", 2, subject, 10.0, 12.0, ratio, collectives)
+
+    targets = check_targets(
+        [
+            row("checkpoint/stock", 1.0, 2),
+            row("checkpoint/mean", 1.05, 1),
+            row("checkpoint/all", 1.2, 2),
+            row("training_step/stock", 1.0, 3),
+            row("training_step/per_rank_metrics", 1.01, 4),
+        ]
+    )
+    verdicts = {(t.name, t.where.split()[-1]): t.met for t in targets}
+    assert verdicts == {
+        ("decision latency vs stock", "checkpoint/mean"): True,
+        ("collectives per decision", "checkpoint/mean"): True,
+        ("decision latency vs stock", "checkpoint/all"): False,
+        ("collectives per decision", "checkpoint/all"): False,
+        ("training step vs stock", "training_step/per_rank_metrics"): True,
+        ("extra collectives per logging step", "training_step/per_rank_metrics"): False,
+    }
+
+
+@pytest.mark.parametrize(
+    "argv", [["--machine", "a/b"], ["--decisions", "0"], ["--world-sizes", "0"], ["--repeats", "0"]]
+)
+def test_bad_options_are_usage_errors(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2
+    assert "error:" in capsys.readouterr().err
