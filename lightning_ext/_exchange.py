@@ -23,6 +23,7 @@ Example:
 
 """
 
+import functools
 import math
 import struct
 from dataclasses import dataclass
@@ -137,11 +138,7 @@ class Layout:
 
     @property
     def _digits_per_word(self) -> int:
-        digits, span = 0, 1
-        while span * self._base <= _WORD_LIMIT:
-            span *= self._base
-            digits += 1
-        return digits
+        return _digits_per_word(self._base)
 
     @property
     def _vote_words(self) -> int:
@@ -283,6 +280,16 @@ def _unpack_extreme(layout: Layout, reduced: list[Number]) -> Agreement:
     )
 
 
+@functools.lru_cache(maxsize=64)
+def _digits_per_word(base: int) -> int:
+    """How many base-``base`` digits an int64 word holds with room to sum them (cached: it is on the hot path)."""
+    digits, span = 0, 1
+    while span * base <= _WORD_LIMIT:
+        span *= base
+        digits += 1
+    return digits
+
+
 def _presence(count: int, world_size: int) -> Literal["all", "none", "mixed"]:
     if count == world_size:
         return "all"
@@ -304,10 +311,10 @@ def _words_to_digits(layout: Layout, words: list[int]) -> list[int]:
     per_word, base = layout._digits_per_word, layout._base
     digits: list[int] = []
     for word in words:
-        for _ in range(per_word):
+        for _ in range(min(per_word, _VOTE_DIGITS - len(digits))):  # only the digits we packed
             word, digit = divmod(word, base)
             digits.append(digit)
-    return digits[:_VOTE_DIGITS]
+    return digits
 
 
 def _float_bits(value: float) -> int:

@@ -17,6 +17,7 @@ ranks becomes the same error on every rank instead of a deadlock.
 * ``EarlyStopping(check_finite=True)``: a non-finite value on any rank stops every rank, whatever the policy.
 """
 
+import functools
 import math
 import re
 from collections.abc import Callable, Iterator
@@ -197,7 +198,7 @@ def decide_top_k(
     except Exception as exc:  # reported on every rank after the exchange, so no rank is left waiting
         failure, extras = exc, (None,) * len(extra_keys)
 
-    layout = Layout(_layout_kind(policy), ranks.world_size, with_reference=is_vote, extras=len(extra_keys))
+    layout = _layout(_layout_kind(policy), ranks.world_size, is_vote, len(extra_keys))
     agreement = _agree(ranks, layout, Observation(value, vote, extras, failure is not None), failure, callback)
     if agreement.presence == "none":
         return None
@@ -246,7 +247,7 @@ def decide_early_stop(
     except Exception as exc:  # reported on every rank after the exchange
         failure = exc
 
-    layout = Layout(_layout_kind(policy), ranks.world_size)
+    layout = _layout(_layout_kind(policy), ranks.world_size, False, 0)
     agreement = _agree(ranks, layout, Observation(value, vote, (), failure is not None), failure, callback)
     if agreement.presence == "none":
         return None
@@ -273,6 +274,12 @@ def decide_early_stop(
         callback.stopping_reason = EarlyStoppingReason.NON_FINITE_METRIC
         stop, reason = True, nonfinite_reason
     return StopDecision(stop=stop, reason=reason)
+
+
+@functools.lru_cache(maxsize=256)
+def _layout(kind: Any, world_size: int, with_reference: bool, extras: int) -> Layout:
+    """A decision's row layout (cached: a run uses a handful, and each is validated once)."""
+    return Layout(kind, world_size, with_reference=with_reference, extras=extras)
 
 
 def _layout_kind(policy: DecisionPolicy) -> Any:
@@ -351,8 +358,11 @@ def _local_decisions(strategy: Any) -> Iterator[None]:
             strategy.reduce_boolean_decision = previous
 
 
-def _template_keys(callback: ModelCheckpoint) -> set[str]:
-    keys: set[str] = set()
-    for template in (callback.filename or "{epoch}-{step}", callback.CHECKPOINT_NAME_LAST):
-        keys.update(group[1:] for group in _TEMPLATE_KEY.findall(template or ""))
-    return keys
+def _template_keys(callback: ModelCheckpoint) -> frozenset[str]:
+    return _keys_in_templates(callback.filename or "{epoch}-{step}", callback.CHECKPOINT_NAME_LAST or "")
+
+
+@functools.lru_cache(maxsize=256)
+def _keys_in_templates(*templates: str) -> frozenset[str]:
+    """The metric names in checkpoint file-name templates (cached: one parse per template, not per decision)."""
+    return frozenset(group[1:] for template in templates for group in _TEMPLATE_KEY.findall(template))
