@@ -11,9 +11,9 @@ optional hook, and use it if the strategy has one:
 * ``EarlyStopping._run_early_stopping_check`` → ``strategy.run_early_stopping_with_policy(callback, trainer)``;
 * ``_LoggerConnector.log_metrics`` → ``strategy.loggers_for_log_metrics(trainer, metrics)``: the loggers for this
   call (the per-rank logger is added);
-* ``_ResultMetric.forward`` and ``_ResultCollection.metrics`` hand logged values and log dicts to
-  :mod:`lightning_ext.local_values`, which records their local counterparts while a strategy has capture switched on
-  (natively through ``result._local_value_recorder``, which :func:`~lightning_ext.local_values.start_capture` sets).
+* ``_ResultMetric.forward`` hands each logged value to :mod:`lightning_ext.local_values`, which keeps what a later
+  sync would overwrite while a strategy has capture switched on (natively through ``result._local_value_recorder``,
+  which :func:`~lightning_ext.local_values.start_capture` sets).
 
 ``patches/`` writes these guards into Lightning's sources. On an unpatched Lightning, :func:`install` wraps the same
 methods at run time. Stock strategies have no hooks and capture is off, so they behave exactly as before.
@@ -30,7 +30,7 @@ from typing import Any, Literal
 from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 from lightning.pytorch.strategies import ParallelStrategy
 from lightning.pytorch.trainer.connectors.logger_connector.logger_connector import _LoggerConnector
-from lightning.pytorch.trainer.connectors.logger_connector.result import _ResultCollection, _ResultMetric
+from lightning.pytorch.trainer.connectors.logger_connector.result import _ResultMetric
 
 from lightning_ext import local_values
 
@@ -83,7 +83,6 @@ def _seams() -> tuple[tuple[type, str, Callable[[Any], Any]], ...]:
         (ModelCheckpoint, "on_train_batch_end", _step_checkpoint_seam),
         (EarlyStopping, "_run_early_stopping_check", _early_stopping_seam),
         (_LoggerConnector, "log_metrics", _log_metrics_seam),
-        (_ResultCollection, "metrics", _metrics_seam),
         (_ResultMetric, "forward", _forward_seam),
     )
 
@@ -160,16 +159,6 @@ def _loggers_for_this_call(trainer: Any, loggers: list[Any]) -> Iterator[None]:
         yield
     finally:
         trainer.loggers = own
-
-
-def _metrics_seam(original: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(original)
-    def metrics(self: _ResultCollection, on_step: bool) -> Any:
-        built = original(self, on_step)
-        local_values.record_log_dict(self, on_step, built["log"])
-        return built
-
-    return metrics
 
 
 def _forward_seam(original: Callable[..., None]) -> Callable[..., None]:

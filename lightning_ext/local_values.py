@@ -7,9 +7,8 @@ the step value as logged and a copy of the count (:func:`record_update`). A ``to
 locally with its ``_computed`` cache set aside and restored, so the synced value that rank 0 logs and callbacks
 monitor is untouched.
 
-When ``_ResultCollection.metrics()`` builds the ``log`` dict, each synced tensor put in it gets its local counterpart
-as an attribute (:func:`local_of`). The attribute travels with the tensor through Lightning's merging of dicts, down
-to ``_LoggerConnector.log_metrics``. Nothing here communicates.
+When a row is about to be logged, :func:`local_values_for` pairs each of its keys with the result metric it came
+from, by the same forked names Lightning builds, and reads that metric's local value. Nothing here communicates.
 
 Capture is off unless a strategy turned it on with :func:`start_capture`, so stock runs pay one flag check per
 ``self.log`` call.
@@ -26,9 +25,8 @@ from torch import Tensor
 __all__ = [
     "OMITTED",
     "capture_active",
-    "local_of",
     "local_value",
-    "record_log_dict",
+    "local_values_for",
     "record_update",
     "start_capture",
     "stop_capture",
@@ -36,7 +34,6 @@ __all__ = [
 
 _LOCAL_STEP = "_lightning_ext_local_step"
 _LOCAL_COUNT = "_lightning_ext_local_batch_count"
-_LOCAL_OF = "_lightning_ext_local"
 _RECORDER = "_local_value_recorder"  # the module-level hook of a patched result.py
 
 
@@ -77,12 +74,19 @@ def capture_active() -> bool:
 
 
 def record_update(result_metric: _ResultMetric, value: Any) -> None:
-    """After ``_ResultMetric.forward``: keep this rank's step value and batch count (the seam calls this)."""
+    """After ``_ResultMetric.forward``: keep this rank's step value and batch count (the seam calls this).
+
+    Only a synced value needs it: without a sync, Lightning's own step cache is a local copy, and nothing touches
+    the batch count.
+    """
     if not (_CAPTURE.active and result_metric.is_tensor and isinstance(value, Tensor)):
         return
-    if result_metric.meta.on_step:
+    meta = result_metric.meta
+    if not meta.sync.should or meta.sync.rank_zero_only:
+        return
+    if meta.on_step:
         result_metric.__dict__[_LOCAL_STEP] = value.detach().clone()  # update() synced its own copy, not this one
-    if result_metric.meta.is_mean_reduction and result_metric.meta.on_epoch:
+    if meta.is_mean_reduction and meta.on_epoch:
         result_metric.__dict__[_LOCAL_COUNT] = result_metric.cumulated_batch_size.clone()
 
 
@@ -92,10 +96,11 @@ def local_value(result_metric: _ResultMetric, on_step: bool) -> Tensor | None:
     Mean is weighted by batch size, as Lightning does; sum, min and max reduce this rank's values only.
     """
     if on_step:
-        if result_metric.is_tensor:
-            local: Tensor | None = result_metric.__dict__.get(_LOCAL_STEP)
+        local: Tensor | None = result_metric.__dict__.get(_LOCAL_STEP)
+        if local is not None and result_metric.is_tensor:
             return local
-        cache: Tensor | None = result_metric._forward_cache  # the metric's own forward() value on this rank
+        # not synced: Lightning's step cache holds this rank's value; a Metric's forward() value is its own
+        cache: Tensor | None = result_metric._forward_cache
         return cache
     if result_metric.is_tensor:
         value: Tensor = result_metric.value
@@ -117,27 +122,24 @@ def _local_metric_compute(metric: Any) -> Tensor | None:
     return computed if isinstance(computed, Tensor) else None
 
 
-def record_log_dict(results: _ResultCollection, on_step: bool, log: dict[str, Tensor]) -> None:
-    """Attach to each synced tensor of a freshly built ``log`` dict its local value (the metrics seam calls this)."""
-    if not _CAPTURE.active:
-        return
-    for _, result_metric in results.valid_items():
-        if not result_metric.meta.logger:
+def local_values_for(results: _ResultCollection, on_step: bool, logged: dict[str, Any]) -> dict[str, Any]:
+    """This rank's own value of each entry of a ``log`` dict about to be logged, by key.
+
+    ``logged`` was built by ``results.metrics(on_step)`` (possibly merged across dataloaders, as evaluation does), so
+    each key is the forked name of one of ``results``' metrics: the same names are recomputed here, once per logged
+    row. A ``rank_zero_only=True`` value on another rank maps to :data:`OMITTED`.
+    """
+    found: dict[str, Any] = {}
+    for result_metric in results.values():
+        if result_metric.has_reset or not result_metric.meta.logger:
             continue
         _, forked_name = results._forked_name(result_metric, on_step)
-        synced = log.get(forked_name)
-        if synced is None:
+        if forked_name not in logged:
             continue
-        local: Tensor | _Omitted | None
         if result_metric.meta.sync.rank_zero_only and _CAPTURE.rank != 0:
-            local = OMITTED
+            found[forked_name] = OMITTED
         else:
             local = local_value(result_metric, on_step)
-        if local is not None:
-            setattr(synced, _LOCAL_OF, local)
-
-
-def local_of(value: Any) -> Tensor | _Omitted | None:
-    """The local counterpart attached to a synced tensor of a ``log`` dict, if any."""
-    found: Tensor | _Omitted | None = getattr(value, _LOCAL_OF, None) if isinstance(value, Tensor) else None
+            if local is not None:
+                found[forked_name] = local
     return found

@@ -22,7 +22,7 @@ from lightning.pytorch.loggers import Logger
 from torch import Tensor
 from typing_extensions import override
 
-from lightning_ext.local_values import OMITTED, local_of
+from lightning_ext.local_values import OMITTED, local_values_for
 from lightning_ext.rank_metrics import DEFAULT_FILENAME, RankMetricsWriter
 
 __all__ = ["PerRankMetrics", "RankCSVLogger", "loggers_for"]
@@ -70,6 +70,8 @@ class RankCSVLogger(Logger):
         self._rank = rank
         self._options = options or PerRankMetrics()
         self._pending: dict[str, Tensor | object] = {}
+        self._path = os.path.join(log_dir, self._options.filename.format(rank=rank))
+        self._writer: RankMetricsWriter | None = None
         self.resume_from_step: int | None = None
         self.rows_logged = 0
 
@@ -96,7 +98,7 @@ class RankCSVLogger(Logger):
     @property
     def path(self) -> str:
         """This rank's file."""
-        return os.path.join(self._log_dir, self._options.filename.format(rank=self._rank))
+        return self._path
 
     @property
     def experiment(self) -> RankMetricsWriter:
@@ -107,7 +109,7 @@ class RankCSVLogger(Logger):
         finds a file from another process keeps it, renamed (see
         :class:`~lightning_ext.rank_metrics.RankMetricsWriter`).
         """
-        writer = _OPEN_WRITERS.get(self.path)
+        writer = self._writer if self._writer is not None else _OPEN_WRITERS.get(self.path)
         if writer is None:
             resume = self.resume_from_step
             if resume is None and self.path in _WRITTEN_HERE:
@@ -117,11 +119,17 @@ class RankCSVLogger(Logger):
             )
             _OPEN_WRITERS[self.path] = writer
             _WRITTEN_HERE.add(self.path)
+        self._writer = writer
         return writer
 
-    def expect(self, metrics: dict[str, Any]) -> None:
+    def expect(self, trainer: Any, metrics: dict[str, Any]) -> None:
         """Remember the local counterparts of the synced values the connector is about to log."""
-        self._pending = {key: local for key, value in metrics.items() if (local := local_of(value)) is not None}
+        results = trainer._results
+        if results is None:
+            self._pending = {}
+            return
+        on_step = trainer._logger_connector._first_loop_iter is not None  # as _LoggerConnector.metrics decides
+        self._pending = local_values_for(results, on_step, metrics)
 
     @override
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
@@ -158,6 +166,7 @@ class RankCSVLogger(Logger):
     def close(self) -> None:
         """Flush, sync and close this rank's file (the strategy's teardown calls it at the end of every stage)."""
         writer = _OPEN_WRITERS.pop(self.path, None)
+        self._writer = None
         if writer is not None:
             writer.close()
 
@@ -171,7 +180,7 @@ def loggers_for(trainer: Any, metrics: dict[str, Any]) -> list[Logger]:
     rank_logger: RankCSVLogger | None = getattr(trainer.strategy, "rank_metrics_logger", None)
     if rank_logger is None:
         return loggers
-    rank_logger.expect(metrics)
+    rank_logger.expect(trainer, metrics)
     if rank_logger not in loggers:
         loggers.append(rank_logger)
     return loggers

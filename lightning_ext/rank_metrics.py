@@ -172,7 +172,7 @@ class RankMetricsWriter:
 
         """
         self._check_open()
-        if isinstance(step, bool) or not isinstance(step, numbers.Integral):
+        if type(step) is not int and (isinstance(step, bool) or not isinstance(step, numbers.Integral)):
             raise TypeError(f"step must be an int, got {type(step).__name__} {step!r}")
         row = {name: self._cell(name, value, step) for name, value in metrics.items()}
         row[STEP] = int(step)
@@ -222,6 +222,9 @@ class RankMetricsWriter:
         if name not in self._checked_names:
             check_metric_name(name, step)
             self._checked_names.add(name)
+        kind = type(value)
+        if kind is float or kind is int:  # the usual case, checked without the (slower) ABC machinery
+            return value
         if isinstance(value, bool) or not isinstance(value, numbers.Real):
             raise TypeError(
                 f"Metric {name!r} at step {step}: expected an int or a float, got {type(value).__name__} {value!r}"

@@ -25,7 +25,12 @@ from lightning_ext import available_policies
 REPO = Path(__file__).resolve().parent.parent
 POLICIES = ("all", "any", "majority", "rank_zero", "mean", "min", "max")
 DECISION_SUBJECTS = {f"{path}/{name}" for path in ("checkpoint", "early_stopping") for name in ("stock", *POLICIES)}
-TRAINING_SUBJECTS = {"training_step/stock", "training_step/per_rank_metrics"}
+TRAINING_SUBJECTS = {
+    "training_step/stock",
+    "training_step/per_rank_metrics",
+    "training_step_cpu/stock",  # diagnostic: CPU time of the main thread
+    "training_step_cpu/per_rank_metrics",
+}
 ROW_KEYS = {"backend", "device", "world_size", "subject", "median_us", "p90_us", "ratio_to_stock", "collectives"}
 
 
