@@ -2,8 +2,10 @@
 
 Decision rows: median and 90th percentile over every timed decision of the subject; ``ratio_to_stock`` is the
 subject's median over the median of the stock subject of the same path, backend, device and world size (same run).
-Training rows: the median over the timed fits of each fit's median (and 90th percentile) step time; the ratio is
-per-rank metrics over stock. ``collectives`` is counted: ``torch.distributed`` calls per decision, or per step.
+Training rows: the median over the timed fits of each fit's median (and 90th percentile) step time. The ratio pairs
+the two fits of each repeat (run back to back) and takes the median of the per-pair ratios of their medians, so
+slow drift of the machine cancels. ``training_step_cpu/...`` rows give the same in CPU time of the main thread, a
+diagnostic of the cost itself. ``collectives`` is counted: ``torch.distributed`` calls per decision, or per step.
 """
 
 import json
@@ -88,28 +90,35 @@ def _rows_of(result: SessionResult) -> list[Row]:
             )
     training = result.training
     if training is not None:
-        runs_us = {config: [[ns / 1000 for ns in run] for run in runs] for config, runs in training.step_ns.items()}
-        medians = {
-            config: statistics.median([statistics.median(run) for run in runs]) for config, runs in runs_us.items()
-        }
-        for config, runs in runs_us.items():
-            counts = training.collectives_per_step[config]
-            pooled = [us for run in runs for us in run]
-            rows.append(
-                Row(
-                    spec.backend,
-                    spec.device,
-                    spec.world_size,
-                    subject=f"training_step/{config}",
-                    median_us=medians[config],
-                    p90_us=statistics.median([_percentile(run, 90) for run in runs]),
-                    ratio_to_stock=medians[config] / medians["stock"],
-                    collectives=sum(counts.values()),
-                    collectives_by_name=counts,
-                    mean_us=statistics.fmean(pooled),
-                    samples=len(pooled),
-                )
+        for prefix, measured in (("training_step", training.step_ns), ("training_step_cpu", training.step_cpu_ns)):
+            rows.extend(_training_rows(spec, prefix, measured, training.collectives_per_step))
+    return rows
+
+
+def _training_rows(
+    spec: SessionSpec, prefix: str, measured: dict[str, list[list[int]]], per_step: dict[str, dict[str, float]]
+) -> list[Row]:
+    runs_us = {config: [[ns / 1000 for ns in run] for run in runs] for config, runs in measured.items()}
+    fit_medians = {config: [statistics.median(run) for run in runs] for config, runs in runs_us.items()}
+    rows = []
+    for config, runs in runs_us.items():
+        pooled = [us for run in runs for us in run]
+        pairs = zip(fit_medians[config], fit_medians["stock"], strict=True)  # repeat by repeat, back to back
+        rows.append(
+            Row(
+                spec.backend,
+                spec.device,
+                spec.world_size,
+                subject=f"{prefix}/{config}",
+                median_us=statistics.median(fit_medians[config]),
+                p90_us=statistics.median([_percentile(run, 90) for run in runs]),
+                ratio_to_stock=statistics.median([ours / stock for ours, stock in pairs]),
+                collectives=sum(per_step[config].values()),
+                collectives_by_name=per_step[config],
+                mean_us=statistics.fmean(pooled),
+                samples=len(pooled),
             )
+        )
     return rows
 
 
@@ -155,7 +164,9 @@ def _verdict(row: Row, targets: list[Target]) -> str:
     where = f"{row.backend}/{row.device} W={row.world_size} {row.subject}"
     mine = [t for t in targets if t.where == where]
     if not mine:
-        return "baseline" if row.subject.endswith("/stock") else ""
+        if row.subject.endswith("/stock"):
+            return "baseline"
+        return "diagnostic (CPU time)" if row.subject.startswith("training_step_cpu/") else ""
     return "; ".join(f"{_short(t)} {'met' if t.met else '**missed**'}" for t in mine)
 
 
@@ -186,7 +197,7 @@ def markdown(rows: list[Row], targets: list[Target], metadata: dict[str, Any]) -
         "|---|---|---:|---|---:|---:|---:|---|---|",
     ]
     for row in rows:
-        per = "step" if row.subject.startswith("training_step/") else "decision"
+        per = "step" if row.subject.startswith("training_step") else "decision"
         lines.append(
             f"| {row.backend} | {row.device} | {row.world_size} | `{row.subject}` | {row.median_us:.1f} | "
             f"{row.p90_us:.1f} | {row.ratio_to_stock:.3f} | {row.collectives:g}/{per}"

@@ -12,9 +12,14 @@ backward passes with DDP's gradient all-reduce, the optimizer step, the batch-en
 ``log_metrics`` (where the per-rank row is written), the loggers' periodic save, and the fetch of the next batch. The
 first :data:`SKIP_STEPS` windows (lazy set-up, DDP's bucket rebuild, the first CSV header) are dropped.
 
+Each window is also timed in CPU time of the main thread (``time.thread_time_ns``): the per-rank work is CPU work on
+that thread, and CPU time barely moves with the scheduling noise that the step's collectives pick up on a busy
+machine, so it shows the cost itself (reported beside the wall-time target, as a diagnostic).
+
 One untimed fit per configuration first counts every ``torch.distributed`` call with
 :func:`lightning_ext.count_collectives`, window by window, so the count per logging step covers exactly the timed
-windows. Then the timed fits alternate ``repeats`` times (stock first on even repeats, per-rank first on odd ones).
+windows. Then the timed fits alternate ``repeats`` times (stock first on even repeats, per-rank first on odd ones);
+each repeat's two fits run back to back, and the report compares them pair by pair.
 """
 
 import os
@@ -22,7 +27,7 @@ from collections import Counter
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
-from time import perf_counter_ns
+from time import perf_counter_ns, thread_time_ns
 from typing import Any
 
 import lightning as L
@@ -48,7 +53,8 @@ class TrainingResult:
     """What rank 0 measured.
 
     Attributes:
-        step_ns: per configuration, one list of step times (nanoseconds) per timed fit, in run order.
+        step_ns: per configuration, one list of step times (nanoseconds) per timed fit, in repeat order.
+        step_cpu_ns: the same windows in CPU time of the main thread.
         collectives_per_step: per configuration, ``torch.distributed`` calls per logging step, by name.
         fit_collectives: per configuration, every call of the whole counted fit (set-up included), by name.
         counted_steps: how many steps the counts per step were taken over.
@@ -56,6 +62,7 @@ class TrainingResult:
     """
 
     step_ns: dict[str, list[list[int]]] = field(default_factory=dict)
+    step_cpu_ns: dict[str, list[list[int]]] = field(default_factory=dict)
     collectives_per_step: dict[str, dict[str, float]] = field(default_factory=dict)
     fit_collectives: dict[str, dict[str, int]] = field(default_factory=dict)
     counted_steps: int = 0
@@ -85,12 +92,14 @@ class _StepClock(Callback):
 
     def __init__(self, counts: Counter[str] | None) -> None:
         self.starts_ns: list[int] = []
+        self.cpu_starts_ns: list[int] = []
         self.snapshots: list[Counter[str]] = []
         self._counts = counts
 
     def on_train_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
     ) -> None:
+        self.cpu_starts_ns.append(thread_time_ns())
         self.starts_ns.append(perf_counter_ns())
         if self._counts is not None:
             self.snapshots.append(Counter(self._counts))
@@ -98,6 +107,10 @@ class _StepClock(Callback):
     def windows_ns(self) -> list[int]:
         """The kept step times: consecutive starts, the first :data:`SKIP_STEPS` dropped."""
         return [b - a for a, b in zip(self.starts_ns, self.starts_ns[1:], strict=False)][SKIP_STEPS:]
+
+    def cpu_windows_ns(self) -> list[int]:
+        """The same windows in CPU time of the main thread."""
+        return [b - a for a, b in zip(self.cpu_starts_ns, self.cpu_starts_ns[1:], strict=False)][SKIP_STEPS:]
 
 
 def _loader(world_size: int, batches: int, seed: int) -> "DataLoader[Any]":
@@ -153,7 +166,7 @@ def run_training(
 
     """
     batches = SKIP_STEPS + train_steps + 1
-    result = TrainingResult(step_ns={config: [] for config in CONFIGS})
+    result = TrainingResult(step_ns={config: [] for config in CONFIGS}, step_cpu_ns={config: [] for config in CONFIGS})
     for config in CONFIGS:
         with count_collectives() as counts:
             clock = _StepClock(counts)
@@ -178,5 +191,6 @@ def run_training(
             root = os.path.join(workdir, f"time-{config}-{repeat}")
             _fit(config, root, world_size=world_size, batches=batches, seed=seed, clock=clock)
             result.step_ns[config].append(clock.windows_ns())
+            result.step_cpu_ns[config].append(clock.cpu_windows_ns())
             progress(batches)
     return result
