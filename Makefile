@@ -12,6 +12,7 @@ test: setup
 
 lint: setup
 	.venv/bin/python -m ruff check lightning_ext tests benchmarks
+	.venv/bin/python -m ruff format --check lightning_ext tests benchmarks
 
 typecheck: setup
 	.venv/bin/python -m mypy lightning_ext benchmarks
