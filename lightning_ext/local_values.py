@@ -131,12 +131,13 @@ def local_values_for(results: _ResultCollection, on_step: bool, logged: dict[str
     """
     found: dict[str, Any] = {}
     for result_metric in results.values():
-        if result_metric.has_reset or not result_metric.meta.logger:
-            continue
+        meta = result_metric.meta
+        if result_metric.has_reset or not meta.logger or not (meta.on_step if on_step else meta.on_epoch):
+            continue  # the same selection as _ResultCollection.metrics / _get_cache
         _, forked_name = results._forked_name(result_metric, on_step)
         if forked_name not in logged:
             continue
-        if result_metric.meta.sync.rank_zero_only and _CAPTURE.rank != 0:
+        if meta.sync.rank_zero_only and _CAPTURE.rank != 0:
             found[forked_name] = OMITTED
         else:
             local = local_value(result_metric, on_step)
