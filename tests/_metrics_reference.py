@@ -67,7 +67,10 @@ def _global_epoch(entry: dict[str, Any], world: int, epoch: int) -> torch.Tensor
                 total = total + torch.tensor(value, dtype=F32) * size
             totals.append(total)
             counts += sum(sizes)
-        return torch.stack(totals).sum() / counts
+        # as Lightning's gloo sync does it: both sums averaged over ranks in float32 (the int count truncated), then
+        # divided; a one-step sum / count rounds differently at world size 3
+        averaged = torch.stack(totals).sum() / world
+        return averaged / torch.tensor(counts / world).to(torch.int64)
     locals_ = torch.stack([_local_epoch(entry, rank, epoch) for rank in range(world)])
     return {"sum": locals_.sum(), "max": locals_.max(), "min": locals_.min()}[how]
 
