@@ -19,7 +19,7 @@ from lightning.fabric.plugins.environments.lightning import LightningEnvironment
 from lightning.pytorch.strategies import DDPStrategy
 
 from lightning_ext import _runtime
-from lightning_ext.strategy import PolicyDDPStrategy
+from lightning_ext.strategies import PolicyDDPStrategy
 
 __all__ = ["TrainerStandIn", "policy_strategy", "stock_lightning", "stock_strategy"]
 

@@ -17,9 +17,9 @@ that thread, and CPU time barely moves with the scheduling noise that the step's
 machine, so it shows the cost itself (reported beside the wall-time target, as a diagnostic).
 
 One untimed fit per configuration first counts every ``torch.distributed`` call with
-:func:`lightning_ext.count_collectives`, window by window, so the count per logging step covers exactly the timed
-windows. Then the timed fits alternate ``repeats`` times (stock first on even repeats, per-rank first on odd ones);
-each repeat's two fits run back to back, and the report compares them pair by pair.
+:func:`lightning_ext._diagnostics.count_collectives`, window by window, so the count per logging step covers exactly
+the timed windows. Then the timed fits alternate ``repeats`` times (stock first on even repeats, per-rank first on odd
+ones); each repeat's two fits run back to back, and the report compares them pair by pair.
 """
 
 import os
@@ -38,7 +38,8 @@ from lightning.pytorch.strategies import DDPStrategy
 from torch.utils.data import DataLoader, TensorDataset
 
 from benchmarks._standins import stock_lightning
-from lightning_ext import PolicyDDPStrategy, count_collectives
+from lightning_ext import PolicyDDPStrategy
+from lightning_ext._diagnostics import count_collectives
 
 __all__ = ["CONFIGS", "SKIP_STEPS", "TrainingResult", "run_training"]
 

@@ -1,30 +1,40 @@
-"""lightning-ext: cross-rank decision policies and per-rank metrics for PyTorch Lightning under DDP.
+"""lightning-ext: cross-rank decision policies, per-rank metrics and hang-proof checks for PyTorch Lightning.
 
 Replace ``strategy="ddp"`` with ``PolicyDDPStrategy(checkpoint_policy=..., early_stopping_policy=...)``; your
 ``ModelCheckpoint`` and ``EarlyStopping`` callbacks stay as they are.
+
+Importing the package is cheap: the names below load on first use, and the strategy names
+(``Trainer(strategy="ddp_majority")``) are registered as soon as Lightning itself is imported.
 """
 
-from lightning_ext._runtime import patch_mode
-from lightning_ext.diagnostics import count_collectives
-from lightning_ext.errors import CrossRankError, LocalDecisionError, MonitorMissingError, PolicyMismatchError
-from lightning_ext.policies import (
-    AggregatePolicy,
-    AllRanks,
-    AnyRank,
-    DecisionPolicy,
-    Majority,
-    Quorum,
-    RankZero,
-    VotePolicy,
-    VoteTally,
-    available_policies,
-    resolve_policy,
-)
-from lightning_ext.rank_logger import PerRankMetrics, RankCSVLogger
-from lightning_ext.rank_metrics import RankMetricsError, RankMetricsWriter, read_rank_metrics
-from lightning_ext.strategy import PolicyDDPStrategy
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from lightning_ext._registration import register_when_lightning_loads
 
 __version__ = "0.1.0.dev0"
+
+_EXPORTS = {
+    "AggregatePolicy": "lightning_ext.policies",
+    "AllRanks": "lightning_ext.policies",
+    "AnyRank": "lightning_ext.policies",
+    "CrossRankError": "lightning_ext.errors",
+    "DecisionPolicy": "lightning_ext.policies",
+    "LocalDecisionError": "lightning_ext.errors",
+    "Majority": "lightning_ext.policies",
+    "MonitorMissingError": "lightning_ext.errors",
+    "PerRankMetrics": "lightning_ext.rank_metrics",
+    "PolicyDDPStrategy": "lightning_ext.strategies",
+    "PolicyMismatchError": "lightning_ext.errors",
+    "PolicyStrategyMixin": "lightning_ext._mixin",
+    "Quorum": "lightning_ext.policies",
+    "RankMetricsError": "lightning_ext.rank_metrics",
+    "RankZero": "lightning_ext.policies",
+    "VotePolicy": "lightning_ext.policies",
+    "VoteTally": "lightning_ext.policies",
+    "available_policies": "lightning_ext.policies",
+    "read_rank_metrics": "lightning_ext.rank_metrics",
+}
 
 __all__ = [
     "AggregatePolicy",
@@ -38,16 +48,46 @@ __all__ = [
     "PerRankMetrics",
     "PolicyDDPStrategy",
     "PolicyMismatchError",
+    "PolicyStrategyMixin",
     "Quorum",
-    "RankCSVLogger",
     "RankMetricsError",
-    "RankMetricsWriter",
     "RankZero",
     "VotePolicy",
     "VoteTally",
     "available_policies",
-    "count_collectives",
-    "patch_mode",
     "read_rank_metrics",
-    "resolve_policy",
 ]
+
+if TYPE_CHECKING:
+    from lightning_ext._mixin import PolicyStrategyMixin
+    from lightning_ext.errors import CrossRankError, LocalDecisionError, MonitorMissingError, PolicyMismatchError
+    from lightning_ext.policies import (
+        AggregatePolicy,
+        AllRanks,
+        AnyRank,
+        DecisionPolicy,
+        Majority,
+        Quorum,
+        RankZero,
+        VotePolicy,
+        VoteTally,
+        available_policies,
+    )
+    from lightning_ext.rank_metrics import PerRankMetrics, RankMetricsError, read_rank_metrics
+    from lightning_ext.strategies import PolicyDDPStrategy
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'lightning_ext' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
+
+register_when_lightning_loads()

@@ -11,9 +11,9 @@ optional hook, and use it if the strategy has one:
 * ``EarlyStopping._run_early_stopping_check`` → ``strategy.run_early_stopping_with_policy(callback, trainer)``;
 * ``_LoggerConnector.log_metrics`` → ``strategy.loggers_for_log_metrics(trainer, metrics)``: the loggers for this
   call (the per-rank logger is added);
-* ``_ResultMetric.forward`` hands each logged value to :mod:`lightning_ext.local_values`, which keeps what a later
+* ``_ResultMetric.forward`` hands each logged value to :mod:`lightning_ext._local_values`, which keeps what a later
   sync would overwrite while a strategy has capture switched on (natively through ``result._local_value_recorder``,
-  which :func:`~lightning_ext.local_values.start_capture` sets).
+  which :func:`~lightning_ext._local_values.start_capture` sets).
 
 ``patches/`` writes these guards into Lightning's sources. On an unpatched Lightning, :func:`install` wraps the same
 methods at run time. Stock strategies have no hooks and capture is off, so they behave exactly as before.
@@ -32,7 +32,7 @@ from lightning.pytorch.strategies import ParallelStrategy
 from lightning.pytorch.trainer.connectors.logger_connector.logger_connector import _LoggerConnector
 from lightning.pytorch.trainer.connectors.logger_connector.result import _ResultMetric
 
-from lightning_ext import local_values
+from lightning_ext import _local_values
 
 __all__ = ["install", "patch_mode", "runtime_patching_enabled", "seams_available"]
 
@@ -165,6 +165,6 @@ def _forward_seam(original: Callable[..., None]) -> Callable[..., None]:
     @functools.wraps(original)
     def forward(self: _ResultMetric, value: Any, batch_size: int) -> None:
         original(self, value, batch_size)
-        local_values.record_update(self, value)
+        _local_values.record_update(self, value)
 
     return forward

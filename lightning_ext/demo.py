@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from lightning_ext.policies import Quorum
 from lightning_ext.rank_metrics import read_rank_metrics
 from lightning_ext.rank_spread import format_spread, summarize_spread
-from lightning_ext.strategy import PolicyDDPStrategy
+from lightning_ext.strategies import PolicyDDPStrategy
 
 __all__ = ["main"]
 

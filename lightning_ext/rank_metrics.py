@@ -30,6 +30,7 @@ import numbers
 import os
 import warnings
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
@@ -59,7 +60,14 @@ from lightning_ext._metrics_csv import (
     whole_number,
 )
 
-__all__ = ["DEFAULT_FILENAME", "RankMetricsError", "RankMetricsWriter", "rank_metrics_path", "read_rank_metrics"]
+__all__ = [
+    "DEFAULT_FILENAME",
+    "PerRankMetrics",
+    "RankMetricsError",
+    "RankMetricsWriter",
+    "rank_metrics_path",
+    "read_rank_metrics",
+]
 
 DEFAULT_FILENAME = "rank_{rank}/metrics.csv"
 """Where a rank's file lives, relative to the log directory; ``{rank}`` is the global rank."""
@@ -80,6 +88,28 @@ def rank_metrics_path(log_dir: StrPath, rank: int, *, filename: str = DEFAULT_FI
     if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
         raise ValueError(f"rank must be a whole number >= 0, got {rank!r}")
     return Path(log_dir) / filename.replace("{rank}", str(rank))
+
+
+@dataclass(frozen=True)
+class PerRankMetrics:
+    """Options of the per-rank metrics files (``PolicyDDPStrategy(per_rank_metrics=PerRankMetrics(...))``).
+
+    Args:
+        filename: the file of rank ``r``, relative to the run's log directory; ``{rank}`` is replaced by ``r``.
+        flush_every_n_rows: rows kept in memory before they are written; a SIGKILL loses at most these.
+
+    """
+
+    filename: str = DEFAULT_FILENAME
+    flush_every_n_rows: int = 100
+
+    def __post_init__(self) -> None:
+        if "{rank}" not in self.filename:
+            raise ValueError(f"PerRankMetrics.filename must contain '{{rank}}', got {self.filename!r}")
+        if os.path.isabs(self.filename):
+            raise ValueError(f"PerRankMetrics.filename must be relative to the log directory, got {self.filename!r}")
+        if self.flush_every_n_rows < 1:
+            raise ValueError(f"PerRankMetrics.flush_every_n_rows must be >= 1, got {self.flush_every_n_rows}")
 
 
 class RankMetricsWriter:

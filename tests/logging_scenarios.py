@@ -18,7 +18,7 @@ from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_ext import PolicyDDPStrategy
-from lightning_ext.diagnostics import count_collectives
+from lightning_ext._diagnostics import count_collectives
 
 
 class ScriptedModule(L.LightningModule):

@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 
-from lightning_ext import decisions
+from lightning_ext import _decisions as decisions
 from lightning_ext._collective import RankGroup, all_reduce_row
 from lightning_ext._exchange import Layout, Observation, pack, unpack
 from lightning_ext._local_top_k import LocalTopK

@@ -7,9 +7,9 @@ import sys
 import pandas as pd
 import pytest
 
-from lightning_ext import RankMetricsWriter, read_rank_metrics
+from lightning_ext import read_rank_metrics
 from lightning_ext.cli import main
-from lightning_ext.rank_metrics import rank_metrics_path
+from lightning_ext.rank_metrics import RankMetricsWriter, rank_metrics_path
 from lightning_ext.rank_spread import summarize_spread
 
 # rank -> rows of (step, metrics); last loss per rank: 2.0, 2.0, 5.0 (median 2, std sqrt(3), rank 2 is farthest)

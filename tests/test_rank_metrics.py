@@ -14,8 +14,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from lightning.fabric.loggers.csv_logs import _ExperimentWriter
 
-from lightning_ext import RankMetricsError, RankMetricsWriter, read_rank_metrics
-from lightning_ext.rank_metrics import rank_metrics_path
+from lightning_ext import RankMetricsError, read_rank_metrics
+from lightning_ext.rank_metrics import RankMetricsWriter, rank_metrics_path
 
 TRICKY_NAMES = ["loss", "a,b", 'say "hi"', "two\nlines", "cr\rlf\r\n", "ünïcødé ✓", " padded ", "x" * 40]
 NAMES = st.one_of(

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from lightning_ext import RankMetricsError, RankMetricsWriter, read_rank_metrics
-from lightning_ext.rank_metrics import rank_metrics_path
+from lightning_ext import RankMetricsError, read_rank_metrics
+from lightning_ext.rank_metrics import RankMetricsWriter, rank_metrics_path
 from tests.scripts.rank_writer import CRASH_CODE, CRASH_STAGES, FIRST_ROWS, expected_row
 
 SCRIPT = Path(__file__).parent / "scripts" / "rank_writer.py"

@@ -15,7 +15,9 @@ import pytest
 from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
 
 import lightning_ext
-from lightning_ext import AggregatePolicy, AllRanks, AnyRank, PolicyDDPStrategy, Quorum, patch_mode, read_rank_metrics
+from lightning_ext import AggregatePolicy, AllRanks, AnyRank, PolicyDDPStrategy, Quorum, read_rank_metrics
+from lightning_ext._runtime import patch_mode
+from lightning_ext.policies import resolve_policy
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -52,11 +54,7 @@ def test_registry_names_build_the_strategy(name: str) -> None:
     assert f"ddp_{name}" in StrategyRegistry
     trainer = L.Trainer(strategy=f"ddp_{name}", accelerator="cpu", devices=2, logger=False)
     assert isinstance(trainer.strategy, PolicyDDPStrategy)
-    assert (
-        trainer.strategy.checkpoint_policy
-        == trainer.strategy.early_stopping_policy
-        == lightning_ext.resolve_policy(name)
-    )
+    assert trainer.strategy.checkpoint_policy == trainer.strategy.early_stopping_policy == resolve_policy(name)
 
 
 def test_registry_default_name_keeps_stock_rules() -> None:

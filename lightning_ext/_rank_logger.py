@@ -2,7 +2,7 @@
 
 ``RankCSVLogger`` receives exactly the rows the trainer's loggers receive: the same keys, the same steps, the same
 ``epoch`` column. Before each row is written, every synced value is swapped for its local counterpart
-(:mod:`lightning_ext.local_values`). Values that exist on rank 0 only (``rank_zero_only=True``) are left out of the
+(:mod:`lightning_ext._local_values`). Values that exist on rank 0 only (``rank_zero_only=True``) are left out of the
 other ranks' files. The file format, buffering and crash safety are those of
 :class:`~lightning_ext.rank_metrics.RankMetricsWriter`.
 
@@ -15,39 +15,16 @@ operation is involved: the directory is agreed at set-up, within the strategy's 
 import atexit
 import os
 import sys
-from dataclasses import dataclass
 from typing import Any
 
 from lightning.pytorch.loggers import Logger
 from torch import Tensor
 from typing_extensions import override
 
-from lightning_ext.local_values import OMITTED, local_values_for
-from lightning_ext.rank_metrics import DEFAULT_FILENAME, RankMetricsWriter
+from lightning_ext._local_values import OMITTED, local_values_for
+from lightning_ext.rank_metrics import PerRankMetrics, RankMetricsWriter
 
-__all__ = ["PerRankMetrics", "RankCSVLogger", "loggers_for"]
-
-
-@dataclass(frozen=True)
-class PerRankMetrics:
-    """Options of the per-rank metrics files (``PolicyDDPStrategy(per_rank_metrics=PerRankMetrics(...))``).
-
-    Args:
-        filename: the file of rank ``r``, relative to the run's log directory; ``{rank}`` is replaced by ``r``.
-        flush_every_n_rows: rows kept in memory before they are written; a SIGKILL loses at most these.
-
-    """
-
-    filename: str = DEFAULT_FILENAME
-    flush_every_n_rows: int = 100
-
-    def __post_init__(self) -> None:
-        if "{rank}" not in self.filename:
-            raise ValueError(f"PerRankMetrics.filename must contain '{{rank}}', got {self.filename!r}")
-        if os.path.isabs(self.filename):
-            raise ValueError(f"PerRankMetrics.filename must be relative to the log directory, got {self.filename!r}")
-        if self.flush_every_n_rows < 1:
-            raise ValueError(f"PerRankMetrics.flush_every_n_rows must be >= 1, got {self.flush_every_n_rows}")
+__all__ = ["RankCSVLogger", "loggers_for"]
 
 
 _OPEN_WRITERS: dict[str, RankMetricsWriter] = {}

@@ -1,0 +1,245 @@
+"""``PolicyStrategyMixin``: cross-rank policies and per-rank metrics for any Lightning ``ParallelStrategy``.
+
+Lightning's ``ModelCheckpoint``/``EarlyStopping`` and logger connector reach the strategy through optional hooks
+(``save_topk_with_policy``, ``prepare_topk_decision``, ``run_early_stopping_with_policy``, ``loggers_for_log_metrics``;
+see :mod:`lightning_ext._runtime`). The mixin provides them and delegates to :mod:`lightning_ext._decisions` and
+:mod:`lightning_ext._rank_logger`. Everything else it adds happens once, at set-up: one gather, after which every rank
+validates what every rank brought, so a misconfiguration raises the same error on every rank.
+"""
+
+import inspect
+from typing import TYPE_CHECKING, Any
+
+from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
+from lightning.pytorch.strategies import ParallelStrategy
+from typing_extensions import override
+
+from lightning_ext import _decisions, _local_values, _runtime
+from lightning_ext._collective import RankGroup, all_gather_objects
+from lightning_ext._rank_logger import RankCSVLogger, loggers_for
+from lightning_ext.errors import PolicyMismatchError
+from lightning_ext.policies import DecisionPolicy, PolicyLike, resolve_policy
+from lightning_ext.rank_metrics import PerRankMetrics
+
+__all__ = ["PolicyStrategyMixin"]
+
+# To type checkers the mixin is the strategy it is mixed into; at run time it sits before it in the MRO.
+if TYPE_CHECKING:
+    _Strategy = ParallelStrategy
+else:
+    _Strategy = object
+
+
+class PolicyStrategyMixin(_Strategy):
+    """Adds decision policies and per-rank metrics to a Lightning ``ParallelStrategy`` subclass.
+
+    Put it first in the bases: ``class MyStrategy(PolicyStrategyMixin, DDPStrategy)``. It takes these keyword-only
+    arguments and passes every other argument to the strategy:
+
+    Args:
+        checkpoint_policy: how ranks agree to save a new top-k checkpoint. Default ``"all"`` (stock Lightning).
+        early_stopping_policy: how ranks agree to stop. Default ``"any"`` (stock Lightning).
+        per_rank_metrics: ``True`` (or :class:`~lightning_ext.PerRankMetrics` options) to have every rank write its
+            own, un-synced values of every logged row to ``<log_dir>/rank_<r>/metrics.csv``.
+
+    Raises:
+        TypeError: the class is not a ``ParallelStrategy``, or one of its bases overrides ``reduce_boolean_decision``
+            with another signature (the decisions would not reach it).
+
+    """
+
+    def __init__(
+        self,
+        *args: Any,
+        checkpoint_policy: PolicyLike = "all",
+        early_stopping_policy: PolicyLike = "any",
+        per_rank_metrics: bool | PerRankMetrics = False,
+        **kwargs: Any,
+    ) -> None:
+        _check_base(type(self))
+        _runtime.install()
+        if not _runtime.seams_available():
+            raise RuntimeError(
+                "lightning-ext cannot reach Lightning's callbacks: the installed Lightning is not patched and runtime"
+                " patching is switched off (LIGHTNING_EXT_RUNTIME_PATCHING=0). Apply the seams with"
+                " `python -m lightning_ext.patches apply`, or unset the variable."
+            )
+        super().__init__(*args, **kwargs)
+        self._checkpoint_policy = resolve_policy(checkpoint_policy)
+        self._early_stopping_policy = resolve_policy(early_stopping_policy)
+        if not isinstance(per_rank_metrics, (bool, PerRankMetrics)):
+            raise TypeError(f"per_rank_metrics must be a bool or PerRankMetrics, got {type(per_rank_metrics).__name__}")
+        self._per_rank_metrics = PerRankMetrics() if per_rank_metrics is True else (per_rank_metrics or None)
+        self._run_log_dir: str | None = None
+        self.rank_metrics_logger: RankCSVLogger | None = None
+
+    @property
+    def checkpoint_policy(self) -> DecisionPolicy:
+        """The policy of the ``ModelCheckpoint`` top-k decision."""
+        return self._checkpoint_policy
+
+    @property
+    def early_stopping_policy(self) -> DecisionPolicy:
+        """The policy of the ``EarlyStopping`` stop decision."""
+        return self._early_stopping_policy
+
+    @property
+    def per_rank_metrics(self) -> PerRankMetrics | None:
+        """The per-rank metrics options, or ``None`` when per-rank files are off."""
+        return self._per_rank_metrics
+
+    @override
+    def setup_environment(self) -> None:
+        _runtime.install()  # a spawned or re-launched process imports us afresh
+        super().setup_environment()
+        self._agree_at_set_up()
+
+    @override
+    def setup(self, trainer: Any) -> None:
+        super().setup(trainer)
+        if self._per_rank_metrics is None or self._run_log_dir is None:
+            return
+        self.rank_metrics_logger = RankCSVLogger(self._run_log_dir, self._rank(), self._per_rank_metrics)
+        _local_values.start_capture(self._rank())
+        if trainer.loggers:  # a member for the run, so it also gets what callbacks send to every logger
+            trainer.loggers = [*trainer.loggers, self.rank_metrics_logger]
+
+    @override
+    def on_train_start(self) -> None:
+        super().on_train_start()
+        trainer = self._trainer()
+        if self.rank_metrics_logger is not None and trainer is not None and trainer.ckpt_path is not None:
+            # resumed: rows after the checkpoint's step will be logged again, so the writer drops them from the file
+            self.rank_metrics_logger.resume_from_step = trainer.fit_loop.epoch_loop._batches_that_stepped
+
+    @override
+    def teardown(self) -> None:
+        rank_logger, self.rank_metrics_logger = self.rank_metrics_logger, None
+        if rank_logger is not None:
+            _local_values.stop_capture()
+            rank_logger.close()
+            trainer = self._trainer()
+            if trainer is not None and rank_logger in trainer.loggers:
+                trainer.loggers = [logger for logger in trainer.loggers if logger is not rank_logger]
+        super().teardown()
+
+    def save_topk_with_policy(self, callback: Any, trainer: Any, monitor_candidates: dict[str, Any]) -> bool:
+        """The ``ModelCheckpoint`` seam: decide the top-k save under :attr:`checkpoint_policy`."""
+        return _decisions.save_topk_checkpoint(callback, trainer, monitor_candidates)
+
+    def prepare_topk_decision(self, callback: Any, trainer: Any, monitor_candidates: dict[str, Any]) -> None:
+        """The ``ModelCheckpoint.on_train_batch_end`` seam: decide a due step-based save on every rank, up front."""
+        _decisions.prepare_topk_decision(callback, trainer, monitor_candidates)
+
+    def run_early_stopping_with_policy(self, callback: Any, trainer: Any) -> bool:
+        """The ``EarlyStopping`` seam: decide the stop under :attr:`early_stopping_policy`."""
+        return _decisions.run_early_stopping_check(callback, trainer)
+
+    def loggers_for_log_metrics(self, trainer: Any, metrics: dict[str, Any]) -> list[Logger]:
+        """The logger connector's seam: the loggers one row goes to (with this rank's per-rank logger)."""
+        return loggers_for(trainer, metrics)
+
+    def _rank(self) -> int:
+        return int(self.global_rank)
+
+    def _trainer(self) -> Any:
+        module = self.lightning_module
+        return None if module is None else module.trainer
+
+    def _agree_at_set_up(self) -> None:
+        """One gather at set-up; then every rank validates what every rank brought, and raises alike.
+
+        Validation comes after the gather so that no rank raises while the others wait in it. Each rank resolving its
+        own logger version is a known Lightning bug (#18294, #8945): the ranks adopt rank 0's.
+        At world size 1 nothing is exchanged.
+        """
+        trainer = self._trainer()
+        rank = self._rank()
+        mine = {
+            "options": (
+                self._checkpoint_policy.describe(),
+                self._early_stopping_policy.describe(),
+                repr(self._per_rank_metrics),
+            ),
+            "invalid": _invalid_policies(self._checkpoint_policy, self._early_stopping_policy, self.world_size),
+            "loggers": None if trainer is None else len(_versioned_loggers(trainer)),
+            "versions": _logger_versions(trainer) if rank == 0 else None,
+            "log_dir": _log_dir(trainer) if rank == 0 and self._per_rank_metrics else None,
+        }
+        everyone = all_gather_objects(mine, RankGroup.from_strategy(self))
+        _validate_agreement(everyone)
+        if trainer is not None and everyone[0]["versions"] is not None:
+            for logger, version in zip(_versioned_loggers(trainer), everyone[0]["versions"], strict=True):
+                logger._version = version
+        self._run_log_dir = everyone[0]["log_dir"]
+
+
+def _validate_agreement(everyone: list[dict[str, Any]]) -> None:
+    """Raise the same error on every rank if the ranks' set-up disagrees or is invalid (every rank sees everything)."""
+    invalid = [(rank, theirs["invalid"]) for rank, theirs in enumerate(everyone) if theirs["invalid"]]
+    if invalid:
+        listing = "; ".join(f"rank {rank}: {problem}" for rank, problem in invalid)
+        raise ValueError(f"Invalid decision policy: {listing}")
+    if any(theirs["options"] != everyone[0]["options"] for theirs in everyone):
+        listing = "; ".join(
+            f"rank {rank}: checkpoint_policy={theirs['options'][0]}, early_stopping_policy={theirs['options'][1]},"
+            f" per_rank_metrics={theirs['options'][2]}"
+            for rank, theirs in enumerate(everyone)
+        )
+        raise PolicyMismatchError(f"The strategy is configured differently on different ranks: {listing}")
+    counts = [theirs["loggers"] for theirs in everyone]
+    if len(set(counts)) > 1:
+        listing = ", ".join(f"rank {rank}: {count}" for rank, count in enumerate(counts))
+        raise PolicyMismatchError(
+            f"The ranks configured different numbers of CSV/TensorBoard loggers ({listing}); every rank must configure"
+            " the same loggers"
+        )
+
+
+def _invalid_policies(checkpoint: DecisionPolicy, early_stopping: DecisionPolicy, world_size: int) -> str | None:
+    """What is wrong with the policies at this world size (checked locally, reported after the gather)."""
+    for name, policy in (("checkpoint_policy", checkpoint), ("early_stopping_policy", early_stopping)):
+        try:
+            policy.validate(world_size)
+        except ValueError as error:
+            return f"{name}={policy!r}: {error}"
+    return None
+
+
+def _check_base(cls: type) -> None:
+    if not issubclass(cls, ParallelStrategy):
+        raise TypeError(
+            f"{cls.__name__} applies PolicyStrategyMixin to a strategy that is not a ParallelStrategy; the policies"
+            " decide across ranks, so the mixin needs a parallel strategy such as DDPStrategy"
+        )
+    stock = inspect.signature(ParallelStrategy.reduce_boolean_decision)
+    for base in cls.__mro__:
+        if base is ParallelStrategy:
+            break
+        own = base.__dict__.get("reduce_boolean_decision")
+        if own is not None and inspect.signature(own) != stock:
+            raise TypeError(
+                f"{base.__qualname__}.reduce_boolean_decision{inspect.signature(own)} differs from Lightning's"
+                f" ParallelStrategy.reduce_boolean_decision{stock}; PolicyStrategyMixin needs the stock signature"
+            )
+
+
+def _versioned_loggers(trainer: Any) -> list[CSVLogger | TensorBoardLogger]:
+    """The loggers that pick a ``version_N`` directory on their own (the ones that can disagree across ranks)."""
+    return [logger for logger in trainer.loggers if isinstance(logger, (CSVLogger, TensorBoardLogger))]
+
+
+def _logger_versions(trainer: Any) -> list[int | str | None] | None:
+    if trainer is None:
+        return None
+    return [logger.version for logger in _versioned_loggers(trainer)]
+
+
+def _log_dir(trainer: Any) -> str:
+    """The run's log directory, as ``Trainer.log_dir`` defines it (without its broadcast)."""
+    if trainer.loggers:
+        first = trainer.loggers[0]
+        directory = first.log_dir if isinstance(first, (TensorBoardLogger, CSVLogger)) else first.save_dir
+        if directory is not None:
+            return str(directory)
+    return str(trainer.default_root_dir)

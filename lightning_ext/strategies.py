@@ -1,0 +1,115 @@
+"""Lightning strategies with cross-rank decision policies and per-rank metrics, ready to use.
+
+Each class is a Lightning strategy with :class:`~lightning_ext.PolicyStrategyMixin` in front: it takes every argument
+of its base class, plus the mixin's keyword-only options. Importing this module registers their names in Lightning's
+strategy registry (``Trainer(strategy="ddp_majority")``).
+"""
+
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any, Literal
+
+import torch
+from lightning.fabric.plugins import CheckpointIO, ClusterEnvironment
+from lightning.fabric.strategies.registry import _StrategyRegistry
+from lightning.pytorch.accelerators import Accelerator
+from lightning.pytorch.plugins.precision import Precision
+from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
+from torch.distributed.constants import default_pg_timeout
+from typing_extensions import override
+
+from lightning_ext._mixin import PolicyStrategyMixin
+from lightning_ext.policies import PolicyLike, available_policies
+from lightning_ext.rank_metrics import PerRankMetrics
+
+__all__ = ["PolicyDDPStrategy"]
+
+
+class PolicyDDPStrategy(PolicyStrategyMixin, DDPStrategy):
+    """DDP whose ``ModelCheckpoint``/``EarlyStopping`` decisions follow your policies, with optional per-rank metrics.
+
+    Takes every :class:`~lightning.pytorch.strategies.DDPStrategy` argument, plus the keyword-only options of
+    :class:`~lightning_ext.PolicyStrategyMixin`: ``checkpoint_policy`` (default ``"all"``, as stock),
+    ``early_stopping_policy`` (default ``"any"``, as stock) and ``per_rank_metrics``.
+
+    A policy is a name from :func:`~lightning_ext.available_policies` or a :class:`~lightning_ext.DecisionPolicy`
+    object such as ``Quorum(2)``. Whatever the policy, every rank ends each decision with the same decision, the same
+    checkpoint paths and the same ``trainer.should_stop``. A metric logged on some ranks only raises the same error on
+    every rank instead of hanging.
+
+    Example:
+        >>> strategy = PolicyDDPStrategy(checkpoint_policy="mean", early_stopping_policy="majority")
+        >>> strategy.checkpoint_policy, strategy.early_stopping_policy
+        (AggregatePolicy('mean'), Majority())
+
+    """
+
+    strategy_name = "ddp_policy"
+
+    def __init__(
+        self,
+        accelerator: Accelerator | None = None,
+        parallel_devices: list[torch.device] | None = None,
+        cluster_environment: ClusterEnvironment | None = None,
+        checkpoint_io: CheckpointIO | None = None,
+        precision_plugin: Precision | None = None,
+        ddp_comm_state: object | None = None,
+        ddp_comm_hook: Callable[..., Any] | None = None,
+        ddp_comm_wrapper: Callable[..., Any] | None = None,
+        model_averaging_period: int | None = None,
+        process_group_backend: str | None = None,
+        timeout: timedelta | None = default_pg_timeout,
+        start_method: Literal["popen", "spawn", "fork", "forkserver"] = "popen",
+        *,
+        checkpoint_policy: PolicyLike = "all",
+        early_stopping_policy: PolicyLike = "any",
+        per_rank_metrics: bool | PerRankMetrics = False,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(
+            accelerator=accelerator,
+            parallel_devices=parallel_devices,
+            cluster_environment=cluster_environment,
+            checkpoint_io=checkpoint_io,
+            precision_plugin=precision_plugin,
+            ddp_comm_state=ddp_comm_state,
+            ddp_comm_hook=ddp_comm_hook,
+            ddp_comm_wrapper=ddp_comm_wrapper,
+            model_averaging_period=model_averaging_period,
+            process_group_backend=process_group_backend,
+            timeout=timeout,
+            start_method=start_method,
+            checkpoint_policy=checkpoint_policy,
+            early_stopping_policy=early_stopping_policy,
+            per_rank_metrics=per_rank_metrics,
+            **kwargs,
+        )
+
+    @classmethod
+    @override
+    def register_strategies(cls, strategy_registry: _StrategyRegistry) -> None:
+        """Register ``"ddp_policy"`` (stock rules) and ``"ddp_<policy>"`` for each built-in policy name.
+
+        ``"ddp_<name>"`` uses that policy for both the checkpoint and the early-stopping decision; ``"ddp_all"`` is
+        ``all`` for both, unlike ``"ddp_policy"`` (``all`` for checkpoints, ``any`` for stopping, as stock).
+
+        """
+        entries: dict[str, dict[str, Any]] = {cls.strategy_name: {}}
+        for name in available_policies():
+            entries[f"ddp_{name}"] = {"checkpoint_policy": name, "early_stopping_policy": name}
+        for name, init_params in entries.items():
+            if name in strategy_registry:
+                continue
+            rules = init_params or {"checkpoint_policy": "all", "early_stopping_policy": "any"}
+            strategy_registry.register(
+                name,
+                cls,
+                description=(
+                    f"DDP with checkpoint_policy={rules['checkpoint_policy']!r} and"
+                    f" early_stopping_policy={rules['early_stopping_policy']!r} (lightning-ext)"
+                ),
+                **init_params,
+            )
+
+
+PolicyDDPStrategy.register_strategies(StrategyRegistry)
