@@ -1,0 +1,141 @@
+"""``HangGuard``: the strategy's hang-proofing, started at set-up and stopped at teardown.
+
+It owns this rank's :class:`~lightning_ext._lockstep.Lockstep` (the checks, on their own gloo group), its
+:class:`~lightning_ext._watchdog.Watchdog`, and switches on the logging checks (:mod:`lightning_ext._log_checks`) and
+the batch-count checks (:mod:`lightning_ext._loader_checks`). The strategy's ``reduce``, ``barrier``, ``broadcast``
+and ``all_gather`` ask it to check first; when a fit/validate/test fails on a rank, :meth:`HangGuard.on_failure`
+tells the other ranks and releases those blocked in collectives, so every rank ends with the same error.
+"""
+
+import contextlib
+import sys
+from collections.abc import Callable
+from typing import Any, Literal
+
+from torch import Tensor
+
+from lightning_ext import _collective, _loader_checks, _log_checks
+from lightning_ext._lockstep import Lockstep, Point, raise_record, record_of
+from lightning_ext._watchdog import Watchdog
+
+__all__ = ["HangChecks", "HangGuard", "UnevenMode", "mark_joint", "validate_options"]
+
+HangChecks = bool | Literal["debug"]
+UnevenMode = Literal["error", "truncate"]
+_JOINT = "_lightning_ext_joint"
+
+
+def validate_options(hang_checks: Any, uneven_batches: Any, check_unsized_loaders: Any) -> None:
+    """Raise ``ValueError``/``TypeError`` naming a bad option (at construction, before any collective)."""
+    if hang_checks not in (True, False, "debug"):
+        raise ValueError(f"hang_checks must be True, False or 'debug', got {hang_checks!r}")
+    if uneven_batches not in ("error", "truncate"):
+        raise ValueError(f"uneven_batches must be 'error' or 'truncate', got {uneven_batches!r}")
+    if not isinstance(check_unsized_loaders, bool):
+        raise TypeError(f"check_unsized_loaders must be a bool, got {check_unsized_loaders!r}")
+
+
+def mark_joint(error: BaseException) -> BaseException:
+    """Mark ``error`` as raised by every rank at the same point (so no rank needs releasing)."""
+    error.__dict__[_JOINT] = True
+    return error
+
+
+class HangGuard:
+    """The checks of one rank during one fit/validate/test.
+
+    Args:
+        mode: ``True`` (the default checks) or ``"debug"`` (also every ``all_gather``).
+        uneven_batches: ``"error"`` or ``"truncate"``.
+        check_unsized_loaders: compare loaders without a length after every batch.
+        flush: writes this rank's buffered per-rank rows (called before any error is raised).
+
+    """
+
+    def __init__(
+        self, mode: HangChecks, uneven_batches: UnevenMode, check_unsized_loaders: bool, flush: Callable[[], None]
+    ) -> None:
+        self.mode = mode
+        self.uneven_batches: UnevenMode = uneven_batches
+        self.check_unsized_loaders = check_unsized_loaders
+        self._flush = flush
+        self.lockstep: Lockstep | None = None
+
+    def start(self, rank: int, world_size: int, namespace: str) -> None:
+        """Create the check group and the watchdog (every rank, at set-up, after the process group exists)."""
+        if not self.mode or world_size < 2 or not _collective.is_initialized():
+            return
+        group = _collective.side_group()
+        watchdog = Watchdog(namespace, rank, world_size)
+        self.lockstep = Lockstep(group, watchdog, self._safe_flush)
+        _log_checks.start(self.lockstep)
+        _loader_checks.start(
+            _loader_checks.LoaderChecks(self.lockstep, self.uneven_batches, self.check_unsized_loaders)
+        )
+
+    def stop(self) -> None:
+        """Stop the checks and the watchdog (teardown)."""
+        lockstep, self.lockstep = self.lockstep, None
+        if lockstep is None:
+            return
+        _log_checks.stop()
+        _loader_checks.stop()
+        with contextlib.suppress(Exception):
+            lockstep.watchdog.stop()
+        _collective.destroy_group(lockstep.group)
+
+    def reduce(self, reduce: Callable[..., Any], tensor: Any, group: Any, reduce_op: Any) -> Any:
+        """``strategy.reduce`` with a check in place of Lightning's barrier."""
+        checks = _log_checks.active()
+        if self.lockstep is None or checks is None or not _collective.is_world(group) or not isinstance(tensor, Tensor):
+            return reduce(tensor, group=group, reduce_op=reduce_op)
+        point = _log_checks.point_for_reduce(checks, tensor, reduce_op)
+        if point is not None:
+            self.lockstep.require(point)
+        with _collective.lightning_barrier_skipped():  # the check above is that barrier
+            return reduce(tensor, group=group, reduce_op=reduce_op)
+
+    def check_call(self, call: str, identity: tuple[Any, ...], *, debug_only: bool = False) -> None:
+        """Check before a collective call of the strategy (``barrier``, ``broadcast``, ``all_gather``)."""
+        if self.lockstep is None or (debug_only and self.mode != "debug") or not _collective.is_initialized():
+            return
+        self.lockstep.require(Point("collective", identity, f"{call} {_called_as(sys._getframe(1))}"))
+
+    def on_failure(self, error: BaseException, rank: int) -> None:
+        """A fit/validate/test raised on this rank: flush, then make every rank end with the same error.
+
+        If another rank's error explains this one (a collective failed because that rank's process ended), raise
+        that error instead. If this rank failed first, post its error: every rank's watchdog picks it up, aborts what
+        the backend can abort and completes pending checks, and the other ranks raise it; the caller then re-raises
+        the original error here.
+        """
+        self._safe_flush()
+        lockstep = self.lockstep
+        if lockstep is None or error.__dict__.get(_JOINT) or getattr(error, "_joint", False):
+            return
+        posted = lockstep.watchdog.read_posted()
+        if posted is not None and posted.rank != rank:
+            raise_record(posted, cause=error)
+        record = lockstep.watchdog.post(record_of(error, rank, joint=False))
+        if record.rank != rank:
+            raise_record(record, cause=error)
+
+    def _safe_flush(self) -> None:
+        with contextlib.suppress(Exception):  # a diagnostic must never stand in the way of the real error
+            self._flush()
+
+
+def _called_as(frame: Any) -> str:
+    """``(via Trainer.log_dir) called from model.py:40 in validation_step``: the API the user called, and where."""
+    from lightning_ext._watchdog import _is_library
+
+    api = None
+    while frame is not None:
+        path = frame.f_code.co_filename.replace("\\", "/")
+        if not _is_library(path):
+            via = f"via {api} " if api else ""
+            return f"{via}called from {frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}"
+        if "/lightning/" in path:
+            api = frame.f_code.co_qualname
+        frame = frame.f_back
+    return f"via {api}" if api else ""

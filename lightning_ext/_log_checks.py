@@ -1,0 +1,164 @@
+"""Checks on synced logging: the same keys, synced in the same order, on every rank, before Lightning syncs them.
+
+Lightning syncs a logged value with ``strategy.reduce``: a step value inside ``self.log``, an epoch value when the
+epoch's metrics are computed. A ``self.log(..., sync_dist=True)`` under ``if self.trainer.is_global_zero:`` leaves
+rank 0 alone in that collective; a ``log_dict`` whose keys differ by rank pairs one rank's key with another's.
+
+* **Step values**: each sync passes a check (:mod:`lightning_ext._lockstep`) naming the key, the hook and where it
+  was logged. Lightning's ``_sync_ddp`` runs a barrier before its all-reduce; the check is that barrier (every rank
+  arrived, at the same key), so Lightning's barrier is skipped for that call: no extra collective.
+* **Epoch values**: before the first epoch-level value of a round is computed, one check covers every key that is
+  about to sync (tensors with ``sync_dist=True`` and torchmetrics metrics, whose own sync is not Lightning's), in
+  order. The per-key syncs inside that round then skip Lightning's barrier too.
+
+The seams in :mod:`lightning_ext._runtime` tell this module which logged metric is syncing (:func:`syncing`) and
+when an epoch round starts (:func:`epoch_round`); the strategy's ``reduce`` asks :func:`point_for_reduce`.
+"""
+
+import sys
+import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from lightning_ext._lockstep import Lockstep, Point
+
+__all__ = ["LogChecks", "active", "epoch_round", "point_for_reduce", "start", "stop", "syncing", "user_site"]
+
+# per logged metric: where it was first logged, and its points (kept outside the metric: Lightning moves every value
+# in a _ResultMetric's __dict__ between devices)
+_SITES: "weakref.WeakKeyDictionary[Any, str]" = weakref.WeakKeyDictionary()
+_POINTS: "weakref.WeakKeyDictionary[Any, dict[tuple[str, int], Point]]" = weakref.WeakKeyDictionary()
+
+
+@dataclass
+class LogChecks:
+    """The logging checks of the running strategy, and what is syncing right now."""
+
+    lockstep: Lockstep
+    metric: Any = None  # the _ResultMetric whose value is syncing
+    phase: str = ""  # "step" or "epoch"
+    part: int = 0  # the how-many-th sync of this metric in this phase (a mean syncs its sum, then its count)
+    covered: bool = False  # an epoch round's check already covered the per-key syncs
+
+
+_ACTIVE: LogChecks | None = None
+
+
+def start(lockstep: Lockstep) -> None:
+    """Check synced logging from now on (the strategy calls this at set-up, on every rank)."""
+    global _ACTIVE
+    _ACTIVE = LogChecks(lockstep)
+
+
+def stop() -> None:
+    """Stop checking."""
+    global _ACTIVE
+    _ACTIVE = None
+
+
+def active() -> LogChecks | None:
+    """The running checks, if any."""
+    return _ACTIVE
+
+
+@contextmanager
+def syncing(metric: Any, phase: str) -> Iterator[None]:
+    """Within the block, ``strategy.reduce`` calls sync ``metric``'s ``phase`` value (set by the seams)."""
+    checks = _ACTIVE
+    if checks is None:
+        yield
+        return
+    if phase == "step" and metric not in _SITES:
+        _SITES[metric] = user_site()
+    previous = checks.metric, checks.phase, checks.part
+    checks.metric, checks.phase, checks.part = metric, phase, 0
+    try:
+        yield
+    finally:
+        checks.metric, checks.phase, checks.part = previous
+
+
+@contextmanager
+def epoch_round(results: Any) -> Iterator[None]:
+    """Before ``results.metrics(on_step=False)``: check the epoch keys about to sync, then let them sync unchecked."""
+    checks = _ACTIVE
+    if checks is None or checks.covered:
+        yield
+        return
+    entries = [_entry(metric) for metric in _pending_epoch_syncs(results)]
+    if entries:
+        keys = tuple((entry["fx"], entry["name"], entry["dataloader"], entry["reduce"]) for entry in entries)
+        names = ", ".join(repr(entry["name"]) for entry in entries)
+        where = f"the epoch-end sync of {names}"
+        checks.lockstep.require(Point("epoch_logs", ("epoch_logs", keys), where, entries))
+    checks.covered = bool(entries)
+    try:
+        yield
+    finally:
+        checks.covered = False
+
+
+def point_for_reduce(checks: LogChecks, tensor: Any, reduce_op: Any) -> Point | None:
+    """The point of one ``strategy.reduce`` call, or ``None`` if an epoch round's check already covered it."""
+    metric = checks.metric
+    if metric is None:
+        site = user_site()
+        identity = ("reduce", str(reduce_op), str(tensor.dtype), tuple(tensor.shape))
+        return Point("collective", identity, f"strategy.reduce(..., reduce_op={reduce_op!r}) called from {site}")
+    if checks.covered and checks.phase == "epoch":
+        return None
+    part, checks.part = checks.part, checks.part + 1
+    cache = _POINTS.setdefault(metric, {})
+    point = cache.get((checks.phase, part))
+    if point is None:
+        entry = _entry(metric)
+        key = ("log", checks.phase, entry["fx"], entry["name"], entry["dataloader"], part)
+        point = Point("log", key, _describe(entry, checks.phase), entry)
+        cache[(checks.phase, part)] = point
+    return point
+
+
+def user_site() -> str:
+    """``file:line in function`` of the innermost caller outside torch, Lightning, lightning-ext and the stdlib."""
+    from lightning_ext._watchdog import _is_library
+
+    frame = sys._getframe(1)
+    while frame is not None:
+        path = frame.f_code.co_filename.replace("\\", "/")
+        if not _is_library(path):
+            return f"{frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}"
+        frame = frame.f_back  # type: ignore[assignment]
+    return "an unknown place"
+
+
+def _pending_epoch_syncs(results: Any) -> list[Any]:
+    """The logged metrics whose epoch value will sync when computed now, in Lightning's order."""
+    pending = []
+    for _, metric in results.valid_items():
+        meta = metric.meta
+        if not meta.on_epoch or metric._computed is not None:
+            continue
+        if metric.is_tensor:
+            if meta.sync.should and not meta.sync.rank_zero_only:
+                pending.append(metric)
+        elif getattr(metric.value, "sync_on_compute", True) and getattr(metric.value, "_to_sync", True):
+            pending.append(metric)  # a torchmetrics metric syncs its state in its own compute()
+    return pending
+
+
+def _entry(metric: Any) -> dict[str, Any]:
+    meta = metric.meta
+    site = _SITES.get(metric, "logged earlier")
+    return {
+        "name": meta.name,
+        "fx": meta.fx,
+        "dataloader": meta.dataloader_idx,
+        "reduce": "metric" if not metric.is_tensor else getattr(meta.reduce_fx, "__name__", str(meta.reduce_fx)),
+        "site": f"{meta.fx}, {site}",
+    }
+
+
+def _describe(entry: dict[str, Any], phase: str) -> str:
+    return f"self.log({entry['name']!r}, sync_dist=True) ({phase} value) in {entry['site']}"
