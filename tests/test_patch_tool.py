@@ -20,6 +20,7 @@ from lightning_ext.patches._series import load_series
 from tests._patch_fixtures import GitSeries, contents, copy_target, make_git_series, replace, snapshot
 
 MC = "pytorch/callbacks/model_checkpoint.py"
+STOPPING = "pytorch/callbacks/early_stopping.py"
 TRAINER = "pytorch/trainer/trainer.py"
 
 
@@ -38,19 +39,23 @@ def _expected(made: GitSeries) -> dict[str, bytes]:
     return {**made.original, **made.patched}
 
 
-def test_series_is_parsed_from_format_patch_files(made: GitSeries) -> None:
+def test_series_is_split_into_single_hunk_patches(made: GitSeries) -> None:
     series = load_series(made.series)
-    assert [patch.name for patch in series.patches] == list(made.patch_names)
-    assert [patch.subject for patch in series.patches] == ["Add the checkpoint seam", "Add the trainer seam"]
-    first = series.patches[0]
-    assert [str(change.path) for change in first.changes] == ["pytorch/callbacks/early_stopping.py", MC]
-    assert len(first.changes[1].hunks) == 2
-    for patch in series.patches:  # headers read back exactly as git wrote them
+    assert [patch.name for patch in series] == list(made.patch_names)
+    assert [patch.subject for patch in series] == ["Add the checkpoint seam", "Add the trainer seam"]
+    first = series[0]
+    assert [hunk.file for hunk in first.hunks] == [f"lightning/{name}" for name in (STOPPING, MC, MC)]
+    for patch in series:  # headers read back exactly as git wrote them
         written = re.findall(r"^@@ -\S+ \+\S+ @@", (made.series / patch.name).read_text(), flags=re.MULTILINE)
-        assert [hunk.header for change in patch.changes for hunk in change.hunks] == written
-    assert first.changes[0].hunks[0].old[0].endswith("\r\n")  # CRLF kept
-    trainer = series.patches[1].changes[1].hunks[0]
-    assert trainer.old[-1] == "    trainer_9 = 9" and trainer.new[-1] == "    seam = True"  # "\ No newline"
+        assert [hunk.header for hunk in patch.hunks] == written
+    # each single-hunk patch starts where the file's earlier hunks have put its lines: 0001's first MC hunk adds one
+    old_starts = [int(re.search(r"^@@ -(\d+)", hunk.diff, re.MULTILINE)[1]) for hunk in first.hunks[1:]]  # type: ignore[index]
+    stated = [int(hunk.header.split()[1].split(",")[0][1:]) for hunk in first.hunks[1:]]
+    assert old_starts == [stated[0], stated[1] + 1]
+    assert first.hunks[0].expected[0].endswith("\r\n")  # CRLF kept
+    trainer = series[1].hunks[1]
+    assert trainer.diff.endswith("+    seam = True\n\\ No newline at end of file\n")  # "\ No newline" kept for git
+    assert "-    trainer_9 = 9\n\\ No newline at end of file\n" in trainer.diff
 
 
 def test_check_on_a_pristine_tree_is_all_ok(made: GitSeries, target: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -99,8 +104,7 @@ def test_altered_context_fails_the_hunk_and_apply_touches_nothing(
         f"lightning/{TRAINER}",
         "@@ -8,4 +8,5 @@",
     )
-    assert failing.mismatch is not None and failing.mismatch.line == 9
-    assert failing.mismatch.expected == "    trainer_7 = 7\n" and failing.mismatch.found == "    trainer_7 = 'seven'\n"
+    assert failing.detail == "line 9: expected '    trainer_7 = 7', found \"    trainer_7 = 'seven'\""
     assert main(["check", "--target", str(target), "--series", str(made.series)]) == 1
     out = capsys.readouterr().out
     assert f"  lightning/{TRAINER} @@ -8,4 +8,5 @@: FAILS\n    line 9: expected '    trainer_7 = 7', found" in out
@@ -160,14 +164,13 @@ def test_partially_patched_tree_is_refused_then_reverted(made: GitSeries, target
 
 def test_patch_only_partly_in_the_tree_is_a_conflict(made: GitSeries, target: Path) -> None:
     patches.apply(target=target, series=made.series)
-    stopping = "pytorch/callbacks/early_stopping.py"
-    (target / stopping).write_bytes(made.original[stopping])  # one file of 0001 put back, say by a reinstall
+    (target / STOPPING).write_bytes(made.original[STOPPING])  # one file of 0001 put back, say by a reinstall
     before = snapshot(target)
     report = patches.check(target=target, series=made.series)
     assert report.state is SeriesState.CONFLICT and report.applied_patches == made.patch_names[1:]
     first = report.patches[0]
     assert [(hunk.file, hunk.status) for hunk in first.hunks] == [
-        (f"lightning/{stopping}", HunkStatus.OK),
+        (f"lightning/{STOPPING}", HunkStatus.OK),
         (f"lightning/{MC}", HunkStatus.ALREADY_APPLIED),
         (f"lightning/{MC}", HunkStatus.ALREADY_APPLIED),
     ]
@@ -280,7 +283,7 @@ def test_cli_messages_and_exit_codes(made: GitSeries, target: Path, capsys: pyte
 def test_default_series_is_looked_up_by_version(made: GitSeries, target: Path, tmp_path: Path) -> None:
     (target / "version.info").write_text("9.9.9\n")
     with pytest.raises(
-        PatchError, match=r"no patch series for Lightning 9\.9\.9: .* \(available in .*lightning-2\.6\.6"
+        PatchError, match=r"no patch series for Lightning 9\.9\.9: .* does not exist \(available: lightning-2\.6\.6\)"
     ):
         patches.check(target=target)
     root = tmp_path / "patches"
@@ -288,7 +291,7 @@ def test_default_series_is_looked_up_by_version(made: GitSeries, target: Path, t
     (root / "lightning-9.9.9").mkdir()
     assert patches.find_series(target, root=root) == root / "lightning-9.9.9"
     (target / "version.info").write_text("2.6.7\n")
-    with pytest.raises(PatchError, match=r"\(available in .*: lightning-2\.6\.5, lightning-9\.9\.9\)"):
+    with pytest.raises(PatchError, match=r"\(available: lightning-2\.6\.5, lightning-9\.9\.9\)"):
         patches.find_series(target, root=root)
     assert patches.patches_root() == Path(__file__).resolve().parents[1] / "patches"
 
@@ -305,8 +308,8 @@ def test_commit_message_that_looks_like_a_diff_is_ignored(tmp_path: Path) -> Non
     text = patch.read_text()
     head, rest = text.split("\n---\n", 1)
     patch.write_text(f"{head}\n--- a/lightning/{MC}\n+++ b/lightning/{MC}\n@@ -1 +1 @@\n---\n{rest}")
-    (parsed,) = load_series(made.series).patches
-    assert parsed.subject == "Tweak" and len(parsed.changes) == 1
+    (parsed,) = load_series(made.series)
+    assert parsed.subject == "Tweak" and len(parsed.hunks) == 1
     assert patches.check(target=made.target, series=made.series).state is SeriesState.CLEAN
 
 
