@@ -2,7 +2,6 @@
 
 Exit status: 0 on success (``check``: the series applies cleanly or is already applied), 1 when the series does not
 fit the target or an error occurred (one line on stderr, nothing written), 2 for a usage error.
-
 """
 
 import argparse
@@ -16,34 +15,26 @@ from lightning_ext.patches._series import PatchError
 
 __all__ = ["main"]
 
-_COMMANDS = {
-    "check": "report hunk by hunk whether the series applies; writes nothing",
-    "apply": "apply the whole series or nothing (nothing to do if already applied)",
-    "revert": "restore the original files byte for byte (nothing to do if not applied)",
-}
-
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line on ``argv`` (``sys.argv[1:]`` by default); return the exit status."""
-    parser = argparse.ArgumentParser(prog="python -m lightning_ext.patches", description=__doc__.splitlines()[0])
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--target", type=Path, metavar="DIR", help="the lightning package (default: the installed one)")
-    common.add_argument("--series", type=Path, metavar="DIR", help="the patches (default: the bundled series)")
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name, text in _COMMANDS.items():
-        commands.add_parser(name, parents=[common], help=text, description=text)
+    parser = argparse.ArgumentParser("python -m lightning_ext.patches", description="lightning-ext's patch series")
+    parser.add_argument(
+        "command",
+        choices=["check", "apply", "revert"],
+        help="report hunk by hunk (writes nothing), apply all or nothing, or restore the original bytes",
+    )
+    parser.add_argument("--target", type=Path, metavar="DIR", help="a lightning package (default: the installed one)")
+    parser.add_argument("--series", type=Path, metavar="DIR", help="the patches (default: lightning-<its version>)")
     args = parser.parse_args(argv)
     try:
         if args.command == "check":
-            report = check(target=args.target, series=args.series)
-            print(report.format())
+            print((report := check(target=args.target, series=args.series)).format())
             return 0 if report.ok else 1
         outcome = (apply if args.command == "apply" else revert)(target=args.target, series=args.series)
-    except SeriesNotApplicableError as exc:
-        print(exc.report.format())
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
     except (PatchError, OSError) as exc:
+        if isinstance(exc, SeriesNotApplicableError):
+            print(exc.report.format())
         print(f"error: {exc}", file=sys.stderr)
         return 1
     print("\n".join([*(f"  wrote {path}" for path in outcome.written), outcome.message()]))

@@ -1,20 +1,14 @@
 """``check``, ``apply`` and ``revert``: ``git apply`` works the series out on a scratch copy; the target comes last.
 
-The files the series edits are copied to a fresh temporary directory, where git runs with no configuration and no
-repository around it (so that nothing on the machine changes how it matches hunks). There:
-
-1. Last patch first, ``git apply -R`` takes out each patch that is wholly in (git checks every hunk of a patch
-   before it writes any). What is left is the original tree: what ``revert`` writes.
-2. First patch first, each patch taken out is put back, and each hunk of the others is tried on its own:
-   ``git apply -v`` (``OK``, at git's offset), else ``git apply -R --check`` (``ALREADY APPLIED``), else ``FAILS``,
-   with the first line that differs from what the hunk expects. The result is what ``apply`` writes.
-
-Each changed target file is replaced through a temporary file and ``os.replace``, keeping its mode; if a write
-fails, the files already written get their bytes back.
-
+In a temporary copy of the files the series edits (no git configuration or repository around it), ``git apply -R``
+takes out each patch that is wholly in, last first: what is left is what ``revert`` writes. Then, first patch
+first, the patches taken out are put back and each hunk of the others is tried alone: ``git apply -v`` (``OK``),
+else ``git apply -R --check`` (``ALREADY APPLIED``), else ``FAILS``. The result is what ``apply`` writes, each file
+through a temporary file and ``os.replace`` (keeping its mode); if a write fails, the files written are restored.
 """
 
 import contextlib
+import functools
 import os
 import re
 import stat
@@ -25,13 +19,11 @@ from pathlib import Path, PurePosixPath
 from typing import Literal
 
 from lightning_ext.patches import _series
-from lightning_ext.patches._report import HunkReport, HunkStatus, PatchReport, SeriesNotApplicableError, SeriesReport
-from lightning_ext.patches._report import SeriesState as State
+from lightning_ext.patches._report import HunkReport, PatchReport, SeriesNotApplicableError, SeriesReport, SeriesState
 from lightning_ext.patches._series import Hunk, PatchError
 
 __all__ = ["PatchOutcome", "apply", "check", "revert"]
 
-_OFFSET = re.compile(r"\(offset (-?\d+) lines?\)")
 _Files = dict[Path, bytes]
 
 
@@ -54,47 +46,40 @@ class PatchOutcome:
 
 
 def check(*, target: Path | str | None = None, series: Path | str | None = None) -> SeriesReport:
-    """Judge every hunk against the target, each patch on top of the previous ones; write nothing.
-
-    Args:
-        target: the ``lightning`` package directory; the installed one by default.
-        series: the series directory; ``lightning-<target's version>`` under ``patches_root()`` by default.
+    """Judge every hunk against ``target`` (the installed ``lightning`` by default) and write nothing.
 
     Raises:
-        PatchError: no target, series or git; a malformed or unsupported patch; a path that escapes the target.
-
+        PatchError: no target, series or git; a malformed or unsupported patch; a path leading out of the target.
     """
     return _plan(target, series)[0]
 
 
 def apply(*, target: Path | str | None = None, series: Path | str | None = None) -> PatchOutcome:
-    """Apply the whole series, or nothing if a hunk fails or the tree is partially patched; idempotent.
+    """Apply the whole series; nothing if it is already applied.
 
     Raises:
-        SeriesNotApplicableError: the series does not apply cleanly; nothing was written.
+        SeriesNotApplicableError: a hunk fails or the tree is partly patched; nothing was written.
         PatchError: as :func:`check`, or a write failed (the files already written were restored).
-
     """
     report, current, _, patched = _plan(target, series)
-    if report.state is State.APPLIED:
+    if report.state == "applied":
         return PatchOutcome("already applied", (), report)
-    if report.state is not State.CLEAN:
+    if report.state != "clean":
         raise _refusal("apply", report)
     return PatchOutcome("applied", _write(patched, current), report)
 
 
 def revert(*, target: Path | str | None = None, series: Path | str | None = None) -> PatchOutcome:
-    """Take the applied patches out of a wholly or partially patched tree, restoring the original bytes.
+    """Take the applied patches out of a wholly or partly patched tree, restoring the original bytes.
 
     Raises:
         SeriesNotApplicableError: parts of the series are in, but not as whole patches; nothing was written.
-        PatchError: as :func:`check`, or a write failed (the files already written were restored).
-
+        PatchError: as :func:`apply`.
     """
     report, current, original, _ = _plan(target, series)
-    if report.state in (State.APPLIED, State.PARTIAL):
+    if report.state in ("applied", "partial"):
         return PatchOutcome("reverted", _write(original, current), report)
-    if all(hunk.status is not HunkStatus.ALREADY_APPLIED for hunk in report.hunks):
+    if all(hunk.status != "ALREADY APPLIED" for hunk in report.hunks):
         return PatchOutcome("not applied", (), report)
     raise _refusal("revert", report)
 
@@ -117,26 +102,23 @@ def _plan(target: Path | str | None, series: Path | str | None) -> tuple[SeriesR
             (Path(scratch) / path).parent.mkdir(parents=True, exist_ok=True)
             (Path(scratch) / path).write_bytes(current[real])
         applied = set()
-        for patch in patches[::-1]:
+        for patch in patches[::-1]:  # take out each patch that is wholly in, last first
             if _git(scratch, patch.diff, "-R")[0]:
                 applied.add(patch.name)
         original = {real: (Path(scratch) / path).read_bytes() for path, real in files.items()}
         reports = []
         for patch in patches:
-            if patch.name in applied:  # put back what step 1 took out, for the later patches
+            if done := patch.name in applied:  # put it back, for the later patches
                 _git(scratch, patch.diff)
-            verdicts = (_judge(scratch, patch.name, hunk, done=patch.name in applied) for hunk in patch.hunks)
-            reports.append(PatchReport(patch.name, patch.subject, patch.name in applied, tuple(verdicts)))
+            verdicts = tuple(_judge(scratch, patch.name, hunk, applied=done) for hunk in patch.hunks)
+            reports.append(PatchReport(patch.name, patch.subject, done, verdicts))
         patched = {real: (Path(scratch) / path).read_bytes() for path, real in files.items()}
-    pending = [hunk.status for report in reports if not report.applied for hunk in report.hunks]
-    if not pending:
-        state = State.APPLIED
-    elif any(status is not HunkStatus.OK for status in pending):
-        state = State.CONFLICT
-    else:
-        state = State.PARTIAL if applied else State.CLEAN
-    version = _series.target_version(directory)
-    return SeriesReport(directory, series_dir, version, state, tuple(reports)), current, original, patched
+    pending = {hunk.status for report in reports if not report.applied for hunk in report.hunks}
+    state: SeriesState = (
+        "applied" if not pending else "conflict" if pending != {"OK"} else "partial" if applied else "clean"
+    )
+    report = SeriesReport(directory, series_dir, _series.target_version(directory), state, tuple(reports))
+    return report, current, original, patched
 
 
 def _inside(target: Path, file: str, patch: str) -> Path:
@@ -151,26 +133,22 @@ def _inside(target: Path, file: str, patch: str) -> Path:
 def _git(scratch: str, diff: str, *options: str) -> tuple[bool, str]:
     env = {"PATH": os.environ.get("PATH", os.defpath), "LC_ALL": "C", "GIT_CONFIG_NOSYSTEM": "1"}
     env |= {"GIT_CONFIG_GLOBAL": os.devnull, "GIT_CEILING_DIRECTORIES": str(Path(scratch).parent)}  # no repository
-    command = ["git", "apply", "--whitespace=nowarn", *options]
+    command, data = ["git", "apply", "--whitespace=nowarn", *options], diff.encode(_series.ENCODING, _series.ERRORS)
     try:
-        done = subprocess.run(
-            command, input=diff.encode(_series.ENCODING, _series.ERRORS), cwd=scratch, env=env, capture_output=True
-        )
+        done = subprocess.run(command, input=data, cwd=scratch, env=env, capture_output=True, timeout=60)
     except FileNotFoundError as exc:
         raise PatchError("no 'git' on PATH: the patch tool runs 'git apply' (install git, then try again)") from exc
     return done.returncode == 0, done.stderr.decode(errors="replace")
 
 
-def _judge(scratch: str, patch: str, hunk: Hunk, *, done: bool) -> HunkReport:
-    verdict = HunkReport(patch, hunk.file, hunk.header, HunkStatus.ALREADY_APPLIED)
-    if done:
-        return verdict
-    applied, said = _git(scratch, hunk.diff, "-v")
-    if applied:
-        offset = int(found.group(1)) if (found := _OFFSET.search(said)) else 0
-        return HunkReport(patch, hunk.file, hunk.header, HunkStatus.OK, offset=offset)
-    if _git(scratch, hunk.diff, "-R", "--check")[0]:
-        return verdict
+def _judge(scratch: str, patch: str, hunk: Hunk, *, applied: bool) -> HunkReport:
+    verdict = functools.partial(HunkReport, patch, hunk.file, hunk.header)
+    ok, said = (False, "") if applied else _git(scratch, hunk.diff, "-v")
+    if ok:
+        offset = re.search(r"\(offset (-?\d+) lines?\)", said)
+        return verdict("OK", offset=int(offset[1]) if offset else 0)
+    if applied or _git(scratch, hunk.diff, "-R", "--check")[0]:
+        return verdict("ALREADY APPLIED")
     text = (Path(scratch) / hunk.file).read_bytes().decode(_series.ENCODING, _series.ERRORS)
     lines = [line.removesuffix("\n") for line in re.findall(r"[^\n]*\n|[^\n]+\Z", text)]
     detail = said.strip().splitlines()[-1]  # git's own words, unless a line differs where the hunk was written for
@@ -180,7 +158,7 @@ def _judge(scratch: str, patch: str, hunk: Hunk, *, done: bool) -> HunkReport:
                 f"line {number}: expected {expected!r}, found {'the end of the file' if found is None else repr(found)}"
             )
             break
-    return HunkReport(patch, hunk.file, hunk.header, HunkStatus.FAILS, detail=detail)
+    return verdict("FAILS", detail=detail)
 
 
 def _write(contents: _Files, current: _Files) -> tuple[Path, ...]:
@@ -213,7 +191,5 @@ def _replace(path: Path, data: bytes) -> None:
 
 
 def _refusal(action: str, report: SeriesReport) -> SeriesNotApplicableError:
-    advice = " (revert takes the applied ones out)" if report.state is State.PARTIAL else ""
-    return SeriesNotApplicableError(
-        f"refusing to {action}: {report.summary()}{advice}; nothing was written", report=report
-    )
+    advice = " (revert takes the applied ones out)" if report.state == "partial" else ""
+    return SeriesNotApplicableError(f"refusing to {action}: {report.summary()}{advice}; nothing was written", report)

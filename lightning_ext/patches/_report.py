@@ -1,36 +1,23 @@
 """The hunk-by-hunk verdict on a series against a target, and its plain-text form.
 
 Example:
-    >>> HunkReport("0001-a.patch", "lightning/x.py", "@@ -3,6 +3,7 @@", HunkStatus.OK, offset=-1).describe()
+    >>> HunkReport("0001-a.patch", "lightning/x.py", "@@ -3,6 +3,7 @@", "OK", offset=-1).describe()
     'OK (offset -1 line)'
 
 """
 
-import enum
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from lightning_ext.patches._series import PatchError
 
 __all__ = ["HunkReport", "HunkStatus", "PatchReport", "SeriesNotApplicableError", "SeriesReport", "SeriesState"]
 
-
-class HunkStatus(enum.Enum):
-    """What one hunk would do to the target."""
-
-    OK = "OK"
-    ALREADY_APPLIED = "ALREADY APPLIED"
-    FAILS = "FAILS"
-
-
-class SeriesState(enum.Enum):
-    """``CLEAN``: nothing applied, every hunk applies; ``APPLIED``: every patch is in; ``PARTIAL``: some patches are
-    in and the others apply on top of them; ``CONFLICT``: anything else."""
-
-    CLEAN = "clean"
-    APPLIED = "applied"
-    PARTIAL = "partial"
-    CONFLICT = "conflict"
+HunkStatus = Literal["OK", "ALREADY APPLIED", "FAILS"]
+# clean: nothing applied and every hunk applies; applied: every patch is in; partial: some patches are in and the
+# others apply on top of them; conflict: anything else
+SeriesState = Literal["clean", "applied", "partial", "conflict"]
 
 
 @dataclass(frozen=True)
@@ -46,9 +33,9 @@ class HunkReport:
 
     def describe(self) -> str:
         """``OK``, ``OK (offset +N lines)``, ``ALREADY APPLIED`` or ``FAILS``."""
-        if self.status is HunkStatus.OK and self.offset:
+        if self.status == "OK" and self.offset:
             return f"OK (offset {self.offset:+d} line{'' if abs(self.offset) == 1 else 's'})"
-        return self.status.value
+        return self.status
 
 
 @dataclass(frozen=True)
@@ -74,7 +61,7 @@ class SeriesReport:
     @property
     def ok(self) -> bool:
         """Whether the series applies cleanly or is already applied (``check`` exits 0)."""
-        return self.state in (SeriesState.CLEAN, SeriesState.APPLIED)
+        return self.state in ("clean", "applied")
 
     @property
     def applied_patches(self) -> tuple[str, ...]:
@@ -94,16 +81,19 @@ class SeriesReport:
     def summary(self) -> str:
         """One line that says where the target stands."""
         applied, counts = ", ".join(self.applied_patches), f"({len(self.patches)} patches, {len(self.hunks)} hunks)"
-        if self.state is SeriesState.CLEAN:
-            return f"the series applies cleanly {counts}"
-        if self.state is SeriesState.APPLIED:
-            return f"the series is already applied {counts}"
-        if self.state is SeriesState.PARTIAL:
+        if self.state == "partial":
             return (
                 f"the series is partially applied: applied: {applied}; not applied: {', '.join(self.pending_patches)}"
             )
-        problems = "; ".join(filter(None, (_problems(patch) for patch in self.patches if not patch.applied)))
-        return f"the series does not apply: {problems}" + (f"; applied: {applied}" if applied else "")
+        if self.state != "conflict":
+            return f"the series {'applies cleanly' if self.state == 'clean' else 'is already applied'} {counts}"
+        problems = []
+        for patch in (patch for patch in self.patches if not patch.applied):
+            fail, done = (sum(hunk.status == status for hunk in patch.hunks) for status in ("FAILS", "ALREADY APPLIED"))
+            labelled = ((fail, "fail"), (done, "already applied"))
+            parts = [f"{count} of {len(patch.hunks)} hunks {label}" for count, label in labelled if count]
+            problems += [f"{patch.name}: {', '.join(parts)}"] if parts else []
+        return f"the series does not apply: {'; '.join(problems)}" + (f"; applied: {applied}" if applied else "")
 
     def format(self) -> str:
         """The report as text: the target and series, one heading per patch, one line per hunk, then the summary."""
@@ -116,16 +106,9 @@ class SeriesReport:
         return "\n".join([*lines, f"result: {self.summary()}"])
 
 
-def _problems(patch: PatchReport) -> str:
-    labels = ((HunkStatus.FAILS, "fail"), (HunkStatus.ALREADY_APPLIED, "already applied"))
-    counts = [(sum(hunk.status is status for hunk in patch.hunks), label) for status, label in labels]
-    parts = [f"{count} of {len(patch.hunks)} hunks {label}" for count, label in counts if count]
-    return f"{patch.name}: {', '.join(parts)}" if parts else ""
-
-
 class SeriesNotApplicableError(PatchError):
     """The target is not in a state the action accepts (conflict, or partially applied); nothing was written."""
 
-    def __init__(self, message: str, *, report: SeriesReport) -> None:
+    def __init__(self, message: str, report: SeriesReport) -> None:
         super().__init__(message)
         self.report = report

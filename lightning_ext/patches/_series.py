@@ -1,8 +1,6 @@
-"""Find the target ``lightning`` package and its series, and split each patch into single-hunk patches for git.
+"""Find the target ``lightning`` package and its series; split each ``git format-patch`` file into hunks for git.
 
-The series for Lightning ``X.Y.Z`` is ``lightning-X.Y.Z/`` under :func:`patches_root`. ``unidiff`` reads each
-``git format-patch`` file; only edits of existing text files under ``lightning/`` are accepted, and every path is
-checked before any file is read.
+Only edits of existing text files under ``lightning/`` are accepted; every path is checked before any file is read.
 
 Example:
     >>> package_path("b/lightning/../../etc/x", patch="0001-x.patch")
@@ -25,7 +23,6 @@ import lightning_ext
 __all__ = ["Hunk", "Patch", "PatchError", "default_target", "find_series", "load_series", "patches_root"]
 
 ENCODING, ERRORS = "utf-8", "surrogateescape"  # undecodable bytes survive a decode/encode round trip
-_SUBJECT = re.compile(r"^Subject: (?:\[[^]]*\] *)?(.*(?:\n[ \t].*)*)", re.MULTILINE)
 
 
 class PatchError(Exception):
@@ -34,8 +31,8 @@ class PatchError(Exception):
 
 @dataclass(frozen=True)
 class Hunk:
-    """One hunk: its file (``lightning/...``), its header as written, a single-hunk ``diff`` that git applies once
-    the file's earlier hunks are in, and the lines it ``expected`` from line ``start`` on in that numbering."""
+    """One hunk: its file (``lightning/...``) and header as written, a single-hunk ``diff`` that git applies once the
+    file's earlier hunks are in, and the lines it ``expected`` from line ``start`` on, in that numbering."""
 
     file: str
     header: str
@@ -70,9 +67,9 @@ def default_target() -> Path:
 
 def target_version(target: Path) -> str | None:
     """The first line of ``version.info`` beside or inside the package (where Lightning reads it), if any."""
-    for candidate in (target.parent / "version.info", target / "version.info"):
-        if candidate.is_file():
-            return (candidate.read_text(encoding="utf-8").splitlines() or [""])[0].strip() or None
+    for path in (target.parent / "version.info", target / "version.info"):
+        if path.is_file():
+            return (path.read_text(encoding="utf-8").splitlines() or [""])[0].strip() or None
     return None
 
 
@@ -91,62 +88,55 @@ def load_series(directory: Path) -> tuple[Patch, ...]:
     """Read and split every ``*.patch`` file of ``directory``, in file-name order."""
     if not directory.is_dir():
         raise PatchError(f"the series directory {directory} does not exist")
-    if not (files := sorted(path for path in directory.glob("*.patch") if path.is_file())):
+    if not (files := sorted(directory.glob("*.patch"))):
         raise PatchError(f"the series directory {directory} holds no patches (*.patch)")
     return tuple(_parse(path.read_bytes().decode(ENCODING, ERRORS), name=path.name) for path in files)
 
 
 def package_path(raw: str, *, patch: str) -> PurePosixPath:
-    """The path inside the ``lightning`` package that ``a/lightning/...`` names; unsafe paths are refused."""
+    """The path inside the package that ``a/lightning/...`` names; refused if it could lead outside the package."""
     rest = raw[2:] if raw[:2] in ("a/", "b/") else raw
     parts = PurePosixPath(rest).parts
-    if raw.startswith('"') or "\\" in raw:
-        reason = "quoted or escaped file names are not supported"
-    elif rest.startswith("/"):
-        reason = "it is absolute"
-    elif ".." in parts:
-        reason = "it contains '..'"
-    elif raw[:2] not in ("a/", "b/") or len(parts) < 2 or parts[0] != "lightning":
-        reason = "it is not a file inside 'lightning/'"
-    else:
-        return PurePosixPath(*parts[1:])
-    raise PatchError(f"{patch}: refusing path {raw!r}: {reason}")
+    reasons = {
+        "quoted or escaped file names are not supported": raw.startswith('"') or "\\" in raw,
+        "it is absolute": rest.startswith("/"),
+        "it contains '..'": ".." in parts,
+        "it is not a file inside 'lightning/'": raw[:2] not in ("a/", "b/")
+        or len(parts) < 2
+        or parts[0] != "lightning",
+    }
+    if reason := next((reason for reason, found in reasons.items() if found), None):
+        raise PatchError(f"{patch}: refusing path {raw!r}: {reason}")
+    return PurePosixPath(*parts[1:])
 
 
 def _parse(text: str, *, name: str) -> Patch:
     # As `git am` does, the commit message ends at the first "---" line; the diff starts at the next "diff --git".
     message_end = re.search(r"^---$", text, re.MULTILINE)
-    diff_start = re.compile(r"^diff --git ", re.MULTILINE).search(text, message_end.end() if message_end else 0)
-    if diff_start is None:
+    if not (start := re.compile(r"^diff --git ", re.MULTILINE).search(text, message_end.end() if message_end else 0)):
         raise PatchError(f"{name}: no 'diff --git' section found (expected git format-patch output)")
-    diff = text[diff_start.start() :]
     try:
-        patched_files = PatchSet(diff)
+        patched_files = PatchSet(diff := text[start.start() :])
     except UnidiffParseError as exc:
         raise PatchError(f"{name}: not a valid unified diff: {exc}") from exc
     hunks, headers = [], iter(re.findall(r"^@@ -\S+ \+\S+ @@", diff, re.MULTILINE))
     for patched in patched_files:
-        for kind, found in [
-            ("creating a file", patched.is_added_file),
-            ("deleting a file", patched.is_removed_file),
-            ("renaming a file", patched.is_rename),
-            ("changing a file's mode", patched.source_mode != patched.target_mode),
-            ("a binary change", patched.is_binary_file or not patched),
-        ]:
-            if found:
-                raise PatchError(f"{name}: {patched.path}: {kind} is not supported (only edits of text files are)")
+        unsupported = {
+            "creating a file": patched.is_added_file,
+            "deleting a file": patched.is_removed_file,
+            "renaming a file": patched.is_rename,
+            "changing a file's mode": patched.source_mode != patched.target_mode,
+            "a binary change": patched.is_binary_file or not patched,
+        }
+        if kind := next((kind for kind, found in unsupported.items() if found), None):
+            raise PatchError(f"{name}: {patched.path}: {kind} is not supported (only edits of text files are)")
         path, _ = package_path(patched.source_file, patch=name), package_path(patched.target_file, patch=name)
-        shift = 0  # the lines the file's earlier hunks add
+        shift = 0  # the lines that the file's earlier hunks add
         for hunk in patched:
-            start, lengths = (
-                hunk.source_start + shift,
-                f"{hunk.source_length} +{hunk.target_start},{hunk.target_length}",
-            )
-            single = (
-                f"--- a/lightning/{path}\n+++ b/lightning/{path}\n@@ -{start},{lengths} @@\n{''.join(map(str, hunk))}"
-            )
+            old, new = f"{hunk.source_start + shift},{hunk.source_length}", f"{hunk.target_start},{hunk.target_length}"
+            single = f"--- a/lightning/{path}\n+++ b/lightning/{path}\n@@ -{old} +{new} @@\n{''.join(map(str, hunk))}"
             expected = tuple(line.value for line in hunk if line.line_type in (" ", "-"))
-            hunks.append(Hunk(f"lightning/{path}", next(headers), single, start, expected))
+            hunks.append(Hunk(f"lightning/{path}", next(headers), single, hunk.source_start + shift, expected))
             shift += hunk.target_length - hunk.source_length
-    subject = _SUBJECT.search(text[: diff_start.start()])
-    return Patch(name, " ".join(subject.group(1).split()) if subject else "", diff, tuple(hunks))
+    subject = re.search(r"^Subject: (?:\[[^]]*\] *)?(.*(?:\n[ \t].*)*)", text[: start.start()], re.MULTILINE)
+    return Patch(name, " ".join(subject[1].split()) if subject else "", diff, tuple(hunks))
