@@ -9,7 +9,9 @@ import re
 import shutil
 import subprocess
 import sys
+import sysconfig
 import tempfile
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -395,7 +397,7 @@ def test_a_repository_around_the_scratch_copy_changes_nothing(
 
 
 def test_importing_the_tool_is_light_and_patch_mode_loads_on_first_use() -> None:
-    code = "import json, sys, lightning_ext.patches; print(json.dumps(sorted({name.split('.')[0] for name in sys.modules})))"
+    code = "import json, sys, lightning_ext.patches; print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))"
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert loaded.returncode == 0, loaded.stderr
     assert not {"lightning", "torch", "lightning_fabric", "pytorch_lightning"} & set(json.loads(loaded.stdout))
@@ -405,3 +407,44 @@ def test_importing_the_tool_is_light_and_patch_mode_loads_on_first_use() -> None
     assert patch_mode is runtime_patch_mode and patches.patch_mode() in ("native", "runtime")
     with pytest.raises(AttributeError, match="has no attribute 'nothing'"):
         patches.nothing  # noqa: B018
+
+
+def _run(*command: str | Path, **options: object) -> str:
+    done = subprocess.run([str(part) for part in command], capture_output=True, text=True, timeout=300, **options)  # type: ignore[call-overload]
+    assert done.returncode == 0, done.stdout + done.stderr
+    return str(done.stdout)
+
+
+@pytest.mark.slow
+def test_the_built_wheel_ships_the_series_and_the_installed_tool_checks_it(tmp_path: Path) -> None:
+    repo = Path(__file__).resolve().parents[1]
+    source = tmp_path / "source"  # a clean copy, so that building leaves nothing in the checkout
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(repo / name, source)
+    for name in ("lightning_ext", "patches"):
+        shutil.copytree(repo / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
+    _run(*pip, "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-w", tmp_path / "dist", source)
+    (wheel,) = (tmp_path / "dist").glob("*.whl")
+    shipped = set(zipfile.ZipFile(wheel).namelist())
+    assert {path.relative_to(repo).as_posix() for path in (repo / "lightning_ext").rglob("*.py")} <= shipped
+    series = {path.relative_to(repo / "patches").as_posix() for path in (repo / "patches").glob("lightning-*/*.patch")}
+    assert len(series) >= 3 and {f"lightning_ext/_series/{name}" for name in series} <= shipped
+
+    # A fresh virtual environment that sees this one's packages (lightning, torch, unidiff) through a .pth file
+    venv = tmp_path / "venv"
+    _run(sys.executable, "-m", "venv", "--without-pip", venv)
+    python = venv / "bin" / "python"
+    purelib = Path(_run(python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))").strip())
+    (purelib / "dependencies.pth").write_text(sysconfig.get_path("purelib") + "\n")
+    _run(*pip, "--python", python, "install", "--no-deps", "--no-index", wheel)
+
+    target = shutil.copytree(default_target(), tmp_path / "copy" / "lightning", ignore=shutil.ignore_patterns("*.pyc"))
+    version = target_version(target)
+    environment = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}  # not this checkout
+    out = _run(python, "-m", "lightning_ext.patches", "check", "--target", target, cwd=tmp_path, env=environment)
+    assert f"series: {purelib / 'lightning_ext' / '_series' / f'lightning-{version}'}\n" in out
+    patch_files = list((repo / "patches" / f"lightning-{version}").glob("*.patch"))
+    hunks = sum(len(re.findall(r"^@@ ", path.read_text(), flags=re.MULTILINE)) for path in patch_files)
+    assert out.endswith(f"result: the series applies cleanly ({len(patch_files)} patches, {hunks} hunks)\n")
