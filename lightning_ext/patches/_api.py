@@ -151,7 +151,7 @@ def _judge(scratch: str, patch: str, hunk: Hunk, *, applied: bool) -> HunkReport
         return verdict("ALREADY APPLIED")
     text = (Path(scratch) / hunk.file).read_bytes().decode(_series.ENCODING, _series.ERRORS)
     lines = [line.removesuffix("\n") for line in re.findall(r"[^\n]*\n|[^\n]+\Z", text)]
-    detail = said.strip().splitlines()[-1]  # git's own words, unless a line differs where the hunk was written for
+    detail = (said.strip().splitlines() or ["git apply failed"])[-1]  # git's words, unless a line differs below
     for number, expected in enumerate((line.removesuffix("\n") for line in hunk.expected), start=hunk.start):
         if (found := lines[number - 1] if number <= len(lines) else None) != expected:
             detail = (
