@@ -97,17 +97,17 @@ def package_path(raw: str, *, patch: str) -> PurePosixPath:
     """The path inside the package that ``a/lightning/...`` names; refused if it could lead outside the package."""
     rest = raw[2:] if raw[:2] in ("a/", "b/") else raw
     parts = PurePosixPath(rest).parts
-    reasons = {
-        "quoted or escaped file names are not supported": raw.startswith('"') or "\\" in raw,
-        "it is absolute": rest.startswith("/"),
-        "it contains '..'": ".." in parts,
-        "it is not a file inside 'lightning/'": raw[:2] not in ("a/", "b/")
-        or len(parts) < 2
-        or parts[0] != "lightning",
-    }
-    if reason := next((reason for reason, found in reasons.items() if found), None):
-        raise PatchError(f"{patch}: refusing path {raw!r}: {reason}")
-    return PurePosixPath(*parts[1:])
+    if raw.startswith('"') or "\\" in raw:
+        reason = "quoted or escaped file names are not supported"
+    elif rest.startswith("/"):
+        reason = "it is absolute"
+    elif ".." in parts:
+        reason = "it contains '..'"
+    elif raw[:2] not in ("a/", "b/") or len(parts) < 2 or parts[0] != "lightning":
+        reason = "it is not a file inside 'lightning/'"
+    else:
+        return PurePosixPath(*parts[1:])
+    raise PatchError(f"{patch}: refusing path {raw!r}: {reason}")
 
 
 def _parse(text: str, *, name: str) -> Patch:
