@@ -18,11 +18,13 @@ __all__ = ["main"]
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line on ``argv`` (``sys.argv[1:]`` by default); return the exit status."""
-    parser = argparse.ArgumentParser("python -m lightning_ext.patches", description="lightning-ext's patch series")
+    parser = argparse.ArgumentParser(
+        "python -m lightning_ext.patches", description="Check, apply or revert lightning-ext's patch series."
+    )
     parser.add_argument(
         "command",
         choices=["check", "apply", "revert"],
-        help="report hunk by hunk (writes nothing), apply all or nothing, or restore the original bytes",
+        help="check: report hunk by hunk, write nothing; apply: all or nothing; revert: restore the original bytes",
     )
     parser.add_argument("--target", type=Path, metavar="DIR", help="a lightning package (default: the installed one)")
     parser.add_argument("--series", type=Path, metavar="DIR", help="the patches (default: lightning-<its version>)")
