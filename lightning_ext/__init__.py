@@ -25,7 +25,10 @@ _EXPORTS = {
     "MonitorMissingError": "lightning_ext.errors",
     "PerRankMetrics": "lightning_ext.rank_metrics",
     "PolicyDDPStrategy": "lightning_ext.strategies",
+    "PolicyDeepSpeedStrategy": "lightning_ext.strategies",
+    "PolicyFSDPStrategy": "lightning_ext.strategies",
     "PolicyMismatchError": "lightning_ext.errors",
+    "PolicyModelParallelStrategy": "lightning_ext.strategies",
     "PolicyStrategyMixin": "lightning_ext._mixin",
     "Quorum": "lightning_ext.policies",
     "RankMetricsError": "lightning_ext.rank_metrics",
@@ -47,7 +50,10 @@ __all__ = [
     "MonitorMissingError",
     "PerRankMetrics",
     "PolicyDDPStrategy",
+    "PolicyDeepSpeedStrategy",
+    "PolicyFSDPStrategy",
     "PolicyMismatchError",
+    "PolicyModelParallelStrategy",
     "PolicyStrategyMixin",
     "Quorum",
     "RankMetricsError",
@@ -74,7 +80,12 @@ if TYPE_CHECKING:
         available_policies,
     )
     from lightning_ext.rank_metrics import PerRankMetrics, RankMetricsError, read_rank_metrics
-    from lightning_ext.strategies import PolicyDDPStrategy
+    from lightning_ext.strategies import (
+        PolicyDDPStrategy,
+        PolicyDeepSpeedStrategy,
+        PolicyFSDPStrategy,
+        PolicyModelParallelStrategy,
+    )
 
 
 def __getattr__(name: str) -> Any:
