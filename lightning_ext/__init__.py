@@ -8,6 +8,7 @@ Importing the package is cheap: the names below load on first use, and the strat
 """
 
 import importlib
+import importlib.util
 from typing import TYPE_CHECKING, Any
 
 from lightning_ext._registration import register_when_lightning_loads
@@ -63,6 +64,10 @@ __all__ = [
     "available_policies",
     "read_rank_metrics",
 ]
+
+if importlib.util.find_spec("deepspeed") is None:
+    # the name raises an ImportError that says how to install DeepSpeed; left out, `import *` and help() still work
+    __all__.remove("PolicyDeepSpeedStrategy")
 
 if TYPE_CHECKING:
     from lightning_ext._mixin import PolicyStrategyMixin
