@@ -67,7 +67,7 @@ __all__ = [
 
 if importlib.util.find_spec("deepspeed") is None:
     # the name raises an ImportError that says how to install DeepSpeed; left out, `import *` and help() still work
-    __all__.remove("PolicyDeepSpeedStrategy")
+    __all__ = [name for name in __all__ if name != "PolicyDeepSpeedStrategy"]
 
 if TYPE_CHECKING:
     from lightning_ext._mixin import PolicyStrategyMixin

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from lightning.fabric.plugins import CheckpointIO, ClusterEnvironment
+from lightning.fabric.strategies.deepspeed import _DEEPSPEED_AVAILABLE
 from lightning.fabric.strategies.registry import _StrategyRegistry
 from lightning.pytorch.accelerators import Accelerator
 from lightning.pytorch.plugins.precision import Precision
@@ -54,6 +55,8 @@ if TYPE_CHECKING:
     _SHARDING_STRATEGY = ShardingStrategy | Literal["FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD"]
 
 __all__ = ["PolicyDDPStrategy", "PolicyDeepSpeedStrategy", "PolicyFSDPStrategy", "PolicyModelParallelStrategy"]
+if not _DEEPSPEED_AVAILABLE:  # the name raises an ImportError that says how to install DeepSpeed (see __getattr__)
+    __all__ = [name for name in __all__ if name != "PolicyDeepSpeedStrategy"]
 
 _DDP_LAUNCHES = (("ddp", "popen"), ("ddp_spawn", "spawn"), ("ddp_fork", "fork"), ("ddp_notebook", "fork"))
 """Lightning's own DDP names and their start methods (``DDPStrategy.register_strategies``)."""
