@@ -1,8 +1,10 @@
-"""Non-finite monitored values in real ``Trainer.fit`` runs on 3 CPU ranks (gloo): no such value ever wins a checkpoint.
+"""Non-finite monitored values in real ``Trainer.fit`` runs on 2 and 3 CPU ranks (gloo).
 
-Under a vote policy the recorded score is rank 0's value, whatever rank 0 voted. The tables below give rank 0 a NaN
-or an infinity while the other ranks vote yes: the policy says "save", but the score that would be recorded is not
-finite, so nothing is saved and the real best stays best (docs/policies.md, "Non-finite values").
+No such value ever wins a checkpoint. Under a vote policy the recorded score is rank 0's value, whatever rank 0
+voted: the first tables give rank 0 a NaN or an infinity while the other ranks vote yes, so the policy says "save"
+but the score that would be recorded is not finite, and nothing is saved; the real best stays best
+(docs/policies.md, "Non-finite values"). A non-finite value on another rank only takes away that rank's vote. With
+``EarlyStopping(check_finite=True)``, a non-finite value on any rank stops every rank.
 """
 
 from __future__ import annotations
@@ -101,3 +103,39 @@ def test_step_based_save_never_records_a_non_finite_score(rank_pools: Any, tmp_p
     ]
     assert results[0]["files"] == [f"step=4-train_metric={last}.ckpt"]
     assert results[0]["best_model_score"] == float(last)
+
+
+def test_nan_on_another_rank_takes_away_its_vote_and_makes_the_aggregate_nan(rank_pools: Any, tmp_path: Any) -> None:
+    # rank 1 turns NaN at epoch 1. "any": rank 0 (3 < 4) and rank 2 vote yes, rank 1's NaN votes no: save, named
+    # with rank 0's 3.00. "all": NaN votes no: no save. "mean": the agreed value is NaN: no save.
+    table = [[4.0, 3.0, 2.0], [4.0, math.nan, math.nan], [4.0, 3.5, 2.5]]
+    pool = rank_pools(3)
+    expected = {
+        "any": ["epoch=0-val_loss=4.00.ckpt", "epoch=1-val_loss=3.00.ckpt", "epoch=2-val_loss=2.00.ckpt"],
+        "all": ["epoch=0-val_loss=4.00.ckpt"],
+        "mean": ["epoch=0-val_loss=4.00.ckpt"],
+        "min": ["epoch=0-val_loss=4.00.ckpt"],  # NaN wins a min as in torch.min: the agreed value is NaN
+    }
+    for policy, saves in expected.items():
+        results = pool.run(
+            "tests.scenarios:fit",
+            (str(tmp_path / policy), {"checkpoint_policy": policy}, table),
+            checkpoint=CKPT,
+            max_epochs=3,
+        )
+        assert_agreed(results, ("saves", "best_model_path", "best_k_models"))
+        assert results[0]["saves"] == saves, policy
+
+
+@pytest.mark.parametrize("policy", ["majority", "rank_zero", "mean", "max"])
+def test_non_finite_on_one_rank_stops_every_rank_under_any_policy(rank_pools: Any, tmp_path: Any, policy: str) -> None:
+    table = [[4.0, 3.0, 2.0, 1.0], [4.0, 3.0, math.inf, 1.0], [4.0, 3.0, 2.0, 1.0]]
+    results = rank_pools(3).run(
+        "tests.scenarios:fit",
+        (str(tmp_path), {"early_stopping_policy": policy}, table),
+        early_stopping={"monitor": "val_loss", "patience": 5, "mode": "min"},
+        max_epochs=4,
+    )
+    assert_agreed(results, ("should_stop", "stopped_epoch", "current_epoch"))
+    assert results[0]["should_stop"] is True and results[0]["stopped_epoch"] == 2
+    assert results[1]["stopping_reason"] == "NON_FINITE_METRIC"
