@@ -8,8 +8,9 @@ from typing import Any
 import pytest
 
 from lightning_ext import Quorum
+from lightning_ext._exchange import Observation
 from tests import tasks
-from tests._pool import RankFailure, RankTimeout
+from tests._pool import RankFailure, RankPool, RankTimeout
 from tests.test_trainer_policies import CKPT, TABLE_3
 
 pytestmark = pytest.mark.slow
@@ -26,12 +27,24 @@ def same_error_everywhere(raised: RankFailure, world: int, *fragments: str) -> s
     return message
 
 
+def assert_group_in_step(pool: RankPool) -> None:
+    """A real exchange through the pool's process group gives every rank the right tally: the group still works and
+    its ranks are in step (a rank still inside an earlier collective would hang this one, by its deadline)."""
+    world = pool.world_size
+    per_rank = [("vote", True, 0, Observation(float(rank), vote=rank % 2 == 0)) for rank in range(world)]
+    results = pool.run("tests.tasks:exchange", *per_rank, timeout=30)
+    for rank, (_, agreement) in enumerate(results):
+        assert (agreement.presence, agreement.yes, agreement.value) == ("all", (world + 1) // 2, 0.0), f"rank {rank}"
+
+
 @pytest.mark.parametrize("callback", ["checkpoint", "early_stopping"])
 @pytest.mark.parametrize("policy", ["all", "mean"])
 def test_metric_logged_on_rank_zero_only_is_one_error_on_every_rank(
     rank_pools: Any, tmp_path: Any, callback: str, policy: str
 ) -> None:
     pool = rank_pools(3)
+    assert_group_in_step(pool)  # started, and in step, before
+    starts = pool.starts
     options = {"checkpoint": CKPT} if callback == "checkpoint" else {"early_stopping": STOPPING}
     strategy = {"checkpoint_policy": policy, "early_stopping_policy": policy}
     started = time.monotonic()
@@ -42,22 +55,24 @@ def test_metric_logged_on_rank_zero_only_is_one_error_on_every_rank(
         raised.value, 3, "MonitorMissingError", "'val_loss'", "missing on rank(s) [1, 2]", "logged on rank(s) [0]"
     )
     assert elapsed < 20, f"took {elapsed:.1f}s"
-    # the pool (the process group) is still healthy: every rank left the collective at the same point
-    assert pool.run("tests.tasks:rank_group") == [
-        tasks.rank_group().__class__(3, r, tasks.torch.device("cpu")) for r in range(3)
-    ]
+    # the same process group carries on: every rank left the failed decision at the same point
+    assert_group_in_step(pool)
+    assert pool.starts == starts
 
 
 def test_stock_ddp_hangs_where_the_policy_strategy_raises(rank_pools: Any, tmp_path: Any) -> None:
     """Side by side: stock ranks 1 and 2 raise and leave rank 0 waiting in a collective forever."""
     pool = rank_pools(3)
+    assert_group_in_step(pool)  # started, and in step, before
+    starts = pool.starts
     with pytest.raises(RankFailure) as raised:
         pool.run(
             "tests.scenarios:fit", (str(tmp_path), "stock", TABLE_3), log_on="rank_zero", checkpoint=CKPT, timeout=60
         )
     assert sorted(raised.value.failures) == [1, 2]  # rank 0 never answered: the pool had to be killed
     assert "ranks [0] never answered" in str(raised.value)
-    assert pool.run("tests.tasks:rank_group")  # a fresh pool takes its place
+    assert_group_in_step(pool)  # a fresh pool (a new process group) takes its place
+    assert pool.starts == starts + 1
 
 
 def test_metric_missing_on_every_rank_keeps_the_stock_error_on_every_rank(rank_pools: Any, tmp_path: Any) -> None:
