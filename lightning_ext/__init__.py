@@ -8,6 +8,7 @@ Importing the package is cheap: the names below load on first use, and the strat
 """
 
 import importlib
+import importlib.util
 from typing import TYPE_CHECKING, Any
 
 from lightning_ext._registration import register_when_lightning_loads
@@ -25,7 +26,10 @@ _EXPORTS = {
     "MonitorMissingError": "lightning_ext.errors",
     "PerRankMetrics": "lightning_ext.rank_metrics",
     "PolicyDDPStrategy": "lightning_ext.strategies",
+    "PolicyDeepSpeedStrategy": "lightning_ext.strategies",
+    "PolicyFSDPStrategy": "lightning_ext.strategies",
     "PolicyMismatchError": "lightning_ext.errors",
+    "PolicyModelParallelStrategy": "lightning_ext.strategies",
     "PolicyStrategyMixin": "lightning_ext._mixin",
     "Quorum": "lightning_ext.policies",
     "RankMetricsError": "lightning_ext.rank_metrics",
@@ -47,7 +51,10 @@ __all__ = [
     "MonitorMissingError",
     "PerRankMetrics",
     "PolicyDDPStrategy",
+    "PolicyDeepSpeedStrategy",
+    "PolicyFSDPStrategy",
     "PolicyMismatchError",
+    "PolicyModelParallelStrategy",
     "PolicyStrategyMixin",
     "Quorum",
     "RankMetricsError",
@@ -57,6 +64,10 @@ __all__ = [
     "available_policies",
     "read_rank_metrics",
 ]
+
+if importlib.util.find_spec("deepspeed") is None:
+    # the name raises an ImportError that says how to install DeepSpeed; left out, `import *` and help() still work
+    __all__ = [name for name in __all__ if name != "PolicyDeepSpeedStrategy"]
 
 if TYPE_CHECKING:
     from lightning_ext._mixin import PolicyStrategyMixin
@@ -74,7 +85,12 @@ if TYPE_CHECKING:
         available_policies,
     )
     from lightning_ext.rank_metrics import PerRankMetrics, RankMetricsError, read_rank_metrics
-    from lightning_ext.strategies import PolicyDDPStrategy
+    from lightning_ext.strategies import (
+        PolicyDDPStrategy,
+        PolicyDeepSpeedStrategy,
+        PolicyFSDPStrategy,
+        PolicyModelParallelStrategy,
+    )
 
 
 def __getattr__(name: str) -> Any:

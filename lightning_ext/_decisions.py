@@ -11,9 +11,12 @@ ranks becomes the same error on every rank instead of a deadlock.
   policy turns the tally into one decision. For checkpoints, each rank votes against the top-k that stock Lightning
   would keep on it (its own scores, its own evictions: :mod:`lightning_ext._local_top_k`), while the callback's
   visible state (file names, paths, scores) is rank 0's bookkeeping, the one stock Lightning writes to disk,
-  mirrored on every rank. A non-finite local value always votes against saving a checkpoint.
+  mirrored on every rank. The score recorded for a save is rank 0's value, whatever rank 0 voted.
 * Aggregate policies: the value is reduced first; the callback's stock comparison then runs once on the agreed
-  value, which is what gets recorded, identically on every rank. A non-finite agreed value never saves.
+  value, which is what gets recorded, identically on every rank.
+* Non-finite values never win a checkpoint: a non-finite local value votes against saving, and a decision whose
+  recorded score (rank 0's value, or the agreed value) is not finite never saves, whatever the policy says
+  (``docs/policies.md``).
 * ``EarlyStopping(check_finite=True)``: a non-finite value on any rank stops every rank, whatever the policy.
 """
 
@@ -54,11 +57,12 @@ _EARLY_DECISION = "_lightning_ext_early_decision"
 
 @dataclass(frozen=True)
 class TopKDecision:
-    """The agreed outcome of one top-k decision (identical on every rank, but for ``score`` under vote policies).
+    """The agreed outcome of one top-k decision (identical on every rank, but for ``local_score``).
 
     Attributes:
-        save: whether every rank saves a new top-k checkpoint.
-        score: the value every rank records for it: the agreed value (aggregate) or rank 0's value (vote).
+        save: whether every rank saves a new top-k checkpoint; never ``True`` when ``score`` is not finite.
+        score: the value every rank records for it: the agreed value (aggregate) or rank 0's value (vote), whatever
+            rank 0 voted.
         names: metric values to format file names with, identical on every rank (``None``: rank 0 lacks it).
         local_score: this rank's own value, for its own top-k (vote policies; ``None`` otherwise).
 
@@ -116,9 +120,11 @@ def save_topk_checkpoint(callback: ModelCheckpoint, trainer: Any, monitor_candid
             local_view.record(callback, decision.local_score)
     elif callback.verbose:
         epoch, step = monitor_candidates["epoch"], monitor_candidates["step"]
-        rank_zero_info(
-            f"Epoch {epoch:d}, global step {step:d}: {callback.monitor!r} was not in top {callback.save_top_k}"
-        )
+        if bool(torch.isfinite(decision.score)):
+            outcome = f"was not in top {callback.save_top_k}"
+        else:
+            outcome = f"is {float(decision.score)} (not finite), so no top-{callback.save_top_k} checkpoint is saved"
+        rank_zero_info(f"Epoch {epoch:d}, global step {step:d}: {callback.monitor!r} {outcome}")
     return True
 
 
@@ -209,9 +215,11 @@ def decide_top_k(
         for key, extra in zip(extra_keys, agreement.extras, strict=True)
     }
     if isinstance(policy, VotePolicy):
-        save = _decide(policy, VoteTally(agreement.yes, ranks.world_size, agreement.rank_zero_vote))
+        wanted = _decide(policy, VoteTally(agreement.yes, ranks.world_size, agreement.rank_zero_vote))
         rank_zero = torch.tensor(agreement.value, dtype=current.dtype, device=current.device)
         names[monitor] = rank_zero
+        # the score recorded is rank 0's value, whatever rank 0 voted: a non-finite one must never be recorded
+        save = wanted and math.isfinite(agreement.value)
         return TopKDecision(save=save, score=rank_zero, names=names, local_score=current)
 
     agreed = torch.tensor(agreement.value, dtype=current.dtype, device=current.device)

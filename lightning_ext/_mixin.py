@@ -12,7 +12,7 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
-from lightning.pytorch.strategies import ParallelStrategy
+from lightning.pytorch.strategies import ParallelStrategy, Strategy
 from typing_extensions import override
 
 from lightning_ext import _collective, _decisions, _local_values, _runtime
@@ -52,10 +52,16 @@ class PolicyStrategyMixin(_Strategy):
         check_unsized_loaders: compare loaders without a length after every batch (one small check per step).
 
     Raises:
-        TypeError: the class is not a ``ParallelStrategy``, or one of its bases overrides ``reduce_boolean_decision``
-            with another signature (the decisions would not reach it).
+        TypeError: at construction, the class is not a ``ParallelStrategy``, or it overrides
+            ``reduce_boolean_decision`` with one that Lightning's callbacks cannot call as they call the stock one
+            (``(decision)``, ``(decision, all=False)``) or that is not a method; at class definition, a strategy
+            class comes before the mixin in the bases.
 
     """
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        _check_order(cls)  # here, because with the mixin after the strategy, its __init__ would not run to check it
 
     def __init__(
         self,
@@ -270,21 +276,63 @@ def _invalid_policies(checkpoint: DecisionPolicy, early_stopping: DecisionPolicy
 
 
 def _check_base(cls: type) -> None:
+    """Raise a ``TypeError`` that names the problem if the mixin cannot work in ``cls``.
+
+    ``cls`` must be a ``ParallelStrategy``, with the mixin before every strategy class in its bases, and its
+    ``reduce_boolean_decision`` must take Lightning's calls (``(decision)`` and ``(decision, all=False)``) and let the
+    policies swap in each rank's own decision (an instance attribute, as :mod:`lightning_ext._decisions` does).
+    """
     if not issubclass(cls, ParallelStrategy):
         raise TypeError(
-            f"{cls.__name__} applies PolicyStrategyMixin to a strategy that is not a ParallelStrategy; the policies"
-            " decide across ranks, so the mixin needs a parallel strategy such as DDPStrategy"
+            f"{cls.__qualname__} applies PolicyStrategyMixin to a strategy that is not a ParallelStrategy; the policies"
+            " decide across ranks, so the mixin needs a parallel strategy such as DDPStrategy, FSDPStrategy,"
+            " ModelParallelStrategy or DeepSpeedStrategy"
         )
-    stock = inspect.signature(ParallelStrategy.reduce_boolean_decision)
-    for base in cls.__mro__:
-        if base is ParallelStrategy:
-            break
-        own = base.__dict__.get("reduce_boolean_decision")
-        if own is not None and inspect.signature(own) != stock:
-            raise TypeError(
-                f"{base.__qualname__}.reduce_boolean_decision{inspect.signature(own)} differs from Lightning's"
-                f" ParallelStrategy.reduce_boolean_decision{stock}; PolicyStrategyMixin needs the stock signature"
-            )
+    _check_order(cls)
+    owner = next(base for base in cls.__mro__ if "reduce_boolean_decision" in base.__dict__)
+    if owner is ParallelStrategy:
+        return
+    problem = _incompatible_decision(owner.__dict__["reduce_boolean_decision"])
+    if problem is not None:
+        raise TypeError(
+            f"{owner.__qualname__}.reduce_boolean_decision {problem}; PolicyStrategyMixin needs one that Lightning's"
+            " callbacks can call as reduce_boolean_decision(decision) and reduce_boolean_decision(decision, all=False),"
+            " a plain method like ParallelStrategy.reduce_boolean_decision(self, decision: bool, all: bool = True)"
+        )
+
+
+def _check_order(cls: type) -> None:
+    """The mixin must come before the strategy in the bases, or its methods (``__init__`` first) never run."""
+    mro = cls.__mro__
+    if not issubclass(cls, ParallelStrategy) or PolicyStrategyMixin not in mro:
+        return
+    before = mro[: mro.index(PolicyStrategyMixin)]
+    ahead = [base for base in before if issubclass(base, Strategy) and not issubclass(base, PolicyStrategyMixin)]
+    if ahead:
+        raise TypeError(
+            f"{cls.__qualname__} lists {ahead[0].__qualname__} before PolicyStrategyMixin, so the mixin's methods never"
+            f" run; put the mixin first: class {cls.__name__}(PolicyStrategyMixin, {ahead[0].__name__})"
+        )
+
+
+def _incompatible_decision(found: object) -> str | None:
+    """What keeps an overriding ``reduce_boolean_decision`` from working with the policies, or ``None``."""
+    if isinstance(found, (staticmethod, classmethod)):
+        function, leading = found.__func__, () if isinstance(found, staticmethod) else (object,)
+    elif inspect.isfunction(found):
+        function, leading = found, (object,)
+    else:
+        return f"is a {type(found).__name__}, not a method"
+    try:
+        signature = inspect.signature(function)
+    except (TypeError, ValueError):
+        return "has no signature that can be read"
+    try:
+        signature.bind(*leading, True)
+        signature.bind(*leading, True, all=False)
+    except TypeError:
+        return f"has the signature {signature}"
+    return None
 
 
 def _versioned_loggers(trainer: Any) -> list[CSVLogger | TensorBoardLogger]:

@@ -1,46 +1,57 @@
-"""Single-process references for the cross-rank decisions.
+"""Single-process references for the cross-rank decisions, built without lightning_ext.
 
-The local parts are stock Lightning's own code run in one process: one stock ``ModelCheckpoint`` or ``EarlyStopping``
-per simulated rank, fed that rank's values, its ``reduce_boolean_decision`` answering with a decision we set. The
-policy rules are written here again, independently of ``lightning_ext.policies``.
+A policy is named by a plain *spec* (``"all"``, ``"quorum:2"``, ``"two_thirds"``, ``"mean"``, ...); the ranks turn the
+same spec into a lightning_ext policy (:func:`tests.tasks.policy_from_spec`), while this module applies its own rule
+table, written from the specification (``docs/policies.md``), not taken from ``lightning_ext.policies``.
+
+The local parts are stock Lightning's own callback code run in one process: one stock ``ModelCheckpoint`` or
+``EarlyStopping`` per simulated rank, fed that rank's values, its ``reduce_boolean_decision`` answering with the
+rank's own decision. Those stock callbacks are also the top-k bookkeeping: each simulated rank's stock
+``_update_best_and_save`` keeps what stock Lightning would keep on that rank, and rank 0's is the visible state.
+Nothing here imports lightning_ext.
 """
 
 from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from lightning.pytorch.callbacks.early_stopping import EarlyStoppingReason
 
-from lightning_ext.policies import AggregatePolicy, AllRanks, AnyRank, Majority, Quorum, RankZero, resolve_policy
-from tests import tasks
+from tests import _stand_ins as stand_ins
+
+# docs/policies.md, "Vote policies": (yes votes, world size, rank 0's vote) -> act?
+VOTE_RULES: dict[str, Callable[[int, int, bool], bool]] = {
+    "all": lambda yes, world, rank_zero: yes == world,
+    "any": lambda yes, world, rank_zero: yes >= 1,
+    "majority": lambda yes, world, rank_zero: 2 * yes > world,  # strictly more than half: a tie does not act
+    "rank_zero": lambda yes, world, rank_zero: rank_zero,
+    "two_thirds": lambda yes, world, rank_zero: 3 * yes >= 2 * world,  # the README's own-policy example
+}
+AGGREGATES = ("mean", "min", "max")
 
 
 class Expected(Exception):
     """The reference expects every rank to raise this message."""
 
 
-def vote_rule(policy: Any, votes: list[bool]) -> bool:
-    policy = resolve_policy(policy)
+def is_aggregate(spec: str) -> bool:
+    return spec in AGGREGATES
+
+
+def vote_rule(spec: str, votes: list[bool]) -> bool:
+    """Whether a vote policy acts on these votes (``"quorum:k"``: at least ``k`` yes votes)."""
     yes, world = sum(votes), len(votes)
-    if isinstance(policy, AllRanks):
-        return yes == world
-    if isinstance(policy, AnyRank):
-        return yes >= 1
-    if isinstance(policy, Majority):
-        return yes * 2 > world
-    if isinstance(policy, RankZero):
-        return votes[0]
-    if isinstance(policy, Quorum):
-        return yes >= policy.k
-    if isinstance(policy, tasks.TwoThirds):
-        return 3 * yes >= 2 * world
-    raise AssertionError(f"no reference rule for {policy!r}")
+    if spec.startswith("quorum:"):
+        return yes >= int(spec.split(":")[1])
+    return VOTE_RULES[spec](yes, world, votes[0])
 
 
 def aggregate(kind: str, values: list[float]) -> float:
+    """The agreed value: the unweighted mean over ranks, or the extreme; a NaN anywhere makes it NaN."""
     if kind == "mean":
         return sum(values) / len(values)
     if any(math.isnan(v) for v in values):
@@ -52,8 +63,8 @@ def as_float32(value: float) -> torch.Tensor:
     return torch.tensor(value, dtype=torch.float64).to(torch.float32)
 
 
-class _LocalStrategy(tasks.StandInStrategy):
-    """A single-process stand-in whose reduce_boolean_decision returns the rank's own (or a preset) decision."""
+class _LocalStrategy(stand_ins.StandInStrategy):
+    """A single-process stand-in whose reduce_boolean_decision returns the rank's own decision."""
 
     def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:
         return decision
@@ -66,15 +77,18 @@ def missing_message(present: list[bool]) -> str:
 
 
 def top_k_sequence(
-    policy: Any, mode: str, save_top_k: int, table: list[list[float | None]], accs: list[list[float | None]]
+    spec: str, mode: str, save_top_k: int, table: list[list[float | None]], accs: list[list[float | None]]
 ) -> list[list[dict[str, Any]]]:
-    """The state each rank must show after each epoch, or raises ``Expected`` at the epoch where every rank errors."""
+    """The state each rank must show after each epoch, or raises ``Expected`` at the epoch where every rank errors.
+
+    Each state is the visible state (rank 0's bookkeeping, on every rank) plus ``handled`` and, under a vote policy,
+    ``local_scores``: the scores that stock Lightning would hold on that rank, in save order.
+    """
     world, epochs = len(table), len(table[0])
-    policy = resolve_policy(policy)
-    is_vote = not isinstance(policy, AggregatePolicy)
+    is_vote = not is_aggregate(spec)
     count = world if is_vote else 1
-    sims = [tasks.make_checkpoint(mode, save_top_k) for _ in range(count)]
-    trainers = [tasks.StandInTrainer(_LocalStrategy(world, rank)) for rank in range(count)]
+    sims = [stand_ins.make_checkpoint(mode, save_top_k) for _ in range(count)]
+    trainers = [stand_ins.StandInTrainer(_LocalStrategy(world, rank)) for rank in range(count)]
     per_rank_states: list[list[dict[str, Any]]] = [[] for _ in range(world)]
     for epoch in range(epochs):
         values = [table[rank][epoch] for rank in range(world)]
@@ -84,55 +98,53 @@ def top_k_sequence(
         if any(present) and not all(present):
             raise Expected(missing_message(present))
         if all(present):
+            finite = [math.isfinite(value) for value in values]  # type: ignore[arg-type]
             if is_vote:
+                # each rank votes as stock would on its own top-k; a non-finite value votes no
                 votes = [
-                    bool(sim.check_monitor_top_k(trainer, tasks.tensor(value))) and math.isfinite(value)
-                    for sim, trainer, value in zip(sims, trainers, values)  # type: ignore[arg-type]
+                    bool(sim.check_monitor_top_k(trainer, stand_ins.tensor(value))) and ok
+                    for sim, trainer, value, ok in zip(sims, trainers, values, finite)
                 ]
-                if vote_rule(policy, votes):
+                # the score recorded is rank 0's value: a non-finite one is never recorded, whatever the votes
+                if vote_rule(spec, votes) and finite[0]:
                     for rank, (sim, trainer) in enumerate(zip(sims, trainers)):
-                        found = tasks.candidates(epoch, values[rank], accs[rank][epoch])
+                        found = stand_ins.candidates(epoch, values[rank], accs[rank][epoch])
                         sim._update_best_and_save(found["val_loss"], trainer, found)
             else:
-                agreed = as_float32(aggregate(policy.reduction, values))  # type: ignore[attr-defined,arg-type]
-                save = bool(sims[0].check_monitor_top_k(trainers[0], agreed)) and bool(torch.isfinite(agreed))
-                if save:
-                    found = tasks.candidates(epoch, None, accs[0][epoch])
+                agreed = as_float32(aggregate(spec, values))  # type: ignore[arg-type]
+                if math.isfinite(float(agreed)) and bool(sims[0].check_monitor_top_k(trainers[0], agreed)):
+                    found = stand_ins.candidates(epoch, None, accs[0][epoch])
                     found["val_loss"] = agreed
                     sims[0]._update_best_and_save(agreed, trainers[0], found)
-        visible = tasks.checkpoint_state(sims[0], trainers[0])
+        visible = stand_ins.checkpoint_state(sims[0], trainers[0])
         for rank in range(world):
             state = dict(visible, handled=all(present))
-            if is_vote:
-                state["local_scores"] = [float(score) for score in sims[rank].best_k_models.values()]
-            else:
-                state["local_scores"] = None
+            state["local_scores"] = [float(s) for s in sims[rank].best_k_models.values()] if is_vote else None
             per_rank_states[rank].append(state)
     return per_rank_states
 
 
 def early_stop_round(
-    policy: Any, config: dict[str, Any], starts: list[tuple[float, int]], values: list[float | None]
+    spec: str, config: dict[str, Any], starts: list[tuple[float, int]], values: list[float | None]
 ) -> list[dict[str, Any]]:
     """What each rank must report after one early-stopping check, or raises ``Expected``."""
     world = len(values)
-    policy = resolve_policy(policy)
     present = [value is not None for value in values]
     if any(present) and not all(present):
         raise Expected(missing_message(present))
     sims = []
     for best_score, wait_count in starts:
-        sim = tasks.make_early_stopping(config)
+        sim = stand_ins.make_early_stopping(config)
         sim.best_score, sim.wait_count = torch.tensor(best_score), wait_count
         sims.append(sim)
     if not any(present):
         return [
-            {"handled": False, "should_stop": False, "stopped_epoch": 0, **tasks.early_stopping_state(sim)}
+            {"handled": False, "should_stop": False, "stopped_epoch": 0, **stand_ins.early_stopping_state(sim)}
             for sim in sims
         ]
     nonfinite = config.get("check_finite", True) and any(not math.isfinite(v) for v in values)  # type: ignore[arg-type]
-    if isinstance(policy, AggregatePolicy):
-        agreed = as_float32(aggregate(policy.reduction, values))  # type: ignore[arg-type]
+    if is_aggregate(spec):
+        agreed = as_float32(aggregate(spec, values))  # type: ignore[arg-type]
         shared = sims[0]
         stop, _ = shared._evaluate_stopping_criteria(agreed)
         if nonfinite and not stop:
@@ -140,9 +152,9 @@ def early_stop_round(
             stop = True
         sims = [copy.deepcopy(shared) for _ in range(world)]
     else:
-        votes = [bool(sim._evaluate_stopping_criteria(tasks.tensor(v))[0]) for sim, v in zip(sims, values)]
-        stop = vote_rule(policy, votes) or nonfinite
+        votes = [bool(sim._evaluate_stopping_criteria(stand_ins.tensor(v))[0]) for sim, v in zip(sims, values)]
+        stop = vote_rule(spec, votes) or nonfinite
     return [
-        {"handled": True, "should_stop": stop, "stopped_epoch": 7 if stop else 0, **tasks.early_stopping_state(sim)}
+        {"handled": True, "should_stop": stop, "stopped_epoch": 7 if stop else 0, **stand_ins.early_stopping_state(sim)}
         for sim in sims
     ]

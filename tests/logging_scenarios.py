@@ -96,10 +96,16 @@ def fit(
     val_dataloaders: int = 1,
     count: bool = False,
     checkpoint_every_epoch: bool = False,
+    checkpoint_every_n_steps: int | None = None,
+    max_steps: int = -1,
     ckpt_path: str | None = None,
     version: Any = None,
 ) -> dict[str, Any]:
-    """Fit on this rank; returns the log directory, what the trainer saw, and optionally collective counts."""
+    """Fit on this rank; returns the log directory, what the trainer saw, and optionally collective counts.
+
+    ``checkpoint_every_epoch`` keeps every epoch's checkpoint and ``last.ckpt``; ``checkpoint_every_n_steps`` keeps a
+    checkpoint every that many training steps (``epoch=E-step=S.ckpt``, mid-epoch). Both write to ``<root>/ckpt``.
+    """
     world = dist.get_world_size()
     if strategy == "stock":
         chosen: Any = "ddp"
@@ -112,6 +118,11 @@ def fit(
     callbacks = []
     if checkpoint_every_epoch:
         callbacks.append(ModelCheckpoint(dirpath=os.path.join(root, "ckpt"), save_last=True, save_top_k=-1))
+    if checkpoint_every_n_steps is not None:
+        every = ModelCheckpoint(
+            dirpath=os.path.join(root, "ckpt"), every_n_train_steps=checkpoint_every_n_steps, save_top_k=-1
+        )
+        callbacks.append(every)
     trainer = L.Trainer(
         accelerator="cpu",
         devices=world,
@@ -120,7 +131,8 @@ def fit(
         logger=logger,
         log_every_n_steps=1,
         callbacks=callbacks,
-        enable_checkpointing=checkpoint_every_epoch,
+        enable_checkpointing=bool(callbacks),
+        max_steps=max_steps,
         enable_progress_bar=False,
         enable_model_summary=False,
         num_sanity_val_steps=0,

@@ -71,29 +71,29 @@ def check_common(layout: Layout, observations: list[Observation]) -> None:
 
 
 @given(rounds("vote"))
-def test_vote_layout(case: tuple[Layout, list[Observation]]) -> None:
+def test_vote_row_reads_back_presence_tally_rank_zero_value_and_extras(case: tuple[Layout, list[Observation]]) -> None:
     check_common(*case)
 
 
 @given(rounds("mean"))
-def test_mean_layout(case: tuple[Layout, list[Observation]]) -> None:
+def test_mean_row_reads_back_presence_mean_and_rank_zero_extras(case: tuple[Layout, list[Observation]]) -> None:
     check_common(*case)
 
 
 @given(st.sampled_from(["min", "max"]).flatmap(rounds))
-def test_extreme_layouts(case: tuple[Layout, list[Observation]]) -> None:
+def test_min_max_rows_read_back_presence_extreme_and_rank_zero_extras(case: tuple[Layout, list[Observation]]) -> None:
     check_common(*case)
 
 
 @given(st.floats(allow_nan=True, allow_infinity=True), st.floats(allow_nan=True, allow_infinity=True))
-def test_order_key_sorts_like_floats(a: float, b: float) -> None:
+def test_order_key_sorts_like_floats_with_nan_above_everything(a: float, b: float) -> None:
     if not math.isnan(a) and not math.isnan(b) and a != b:
         assert (a < b) == (_order_key(a) < _order_key(b))
     if math.isnan(a) and not math.isnan(b):
         assert _order_key(a) > _order_key(b)  # NaN wins a max
 
 
-def test_vote_word_fits_large_worlds() -> None:
+def test_vote_word_spills_into_a_second_word_instead_of_overflowing() -> None:
     # 5 digits of base W+1 must not overflow an int64 word: large worlds spill into a second word
     for world in (1, 2, 4, 8, 4096, 70000, 10**6):
         layout = Layout("vote", world)
@@ -108,7 +108,7 @@ def test_vote_word_fits_large_worlds() -> None:
     assert Layout("vote", 70000).size == 2
 
 
-def test_row_sizes_stay_small() -> None:
+def test_rows_hold_one_or_two_elements_plus_one_per_file_name_metric() -> None:
     assert Layout("vote", 4, with_reference=False).size == 1
     assert Layout("vote", 4, with_reference=True).size == 2
     assert Layout("mean", 4).size == Layout("min", 4).size == Layout("max", 4).size == 2
@@ -130,7 +130,7 @@ def test_nan_bits_are_canonical_and_absent_marker_is_distinct() -> None:
     assert agreement.extras[1] is None
 
 
-def test_observation_must_match_layout() -> None:
+def test_observation_or_row_of_the_wrong_length_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match="carries 1 extras"):
         pack(Layout("vote", 2, extras=1), Observation(1.0), rank=0)
     with pytest.raises(ValueError, match="row of 1 elements"):

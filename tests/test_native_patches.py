@@ -76,7 +76,13 @@ def test_native_seams_give_the_same_results_as_the_runtime_drop_in(patched_site:
 
 
 def test_policy_and_per_rank_suites_pass_against_the_patched_copy(patched_site: Path) -> None:
-    suites = ["tests/test_trainer_policies.py", "tests/test_trainer_errors.py", "tests/test_per_rank_metrics.py"]
+    suites = [
+        "tests/test_trainer_policies.py",
+        "tests/test_trainer_errors.py",
+        "tests/test_trainer_nonfinite.py",
+        "tests/test_per_rank_metrics.py",
+        "tests/test_per_rank_resume.py",
+    ]
     run = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *suites],
         capture_output=True,

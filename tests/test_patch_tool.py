@@ -3,23 +3,28 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+import sysconfig
+import tempfile
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from lightning_ext import patches
-from lightning_ext.patches import HunkStatus, PatchError, SeriesNotApplicableError, SeriesState
+from lightning_ext.patches import PatchError, SeriesNotApplicableError
 from lightning_ext.patches.__main__ import main
-from lightning_ext.patches._series import load_series
-from tests._patch_fixtures import GitSeries, contents, copy_target, make_git_series, replace, snapshot
+from lightning_ext.patches._series import default_target, find_series, load_series, patches_root, target_version
+from tests._patch_fixtures import GitSeries, contents, copy_target, git, make_git_series, replace, snapshot
 
 MC = "pytorch/callbacks/model_checkpoint.py"
+STOPPING = "pytorch/callbacks/early_stopping.py"
 TRAINER = "pytorch/trainer/trainer.py"
 
 
@@ -38,25 +43,29 @@ def _expected(made: GitSeries) -> dict[str, bytes]:
     return {**made.original, **made.patched}
 
 
-def test_series_is_parsed_from_format_patch_files(made: GitSeries) -> None:
+def test_series_is_split_into_single_hunk_patches(made: GitSeries) -> None:
     series = load_series(made.series)
-    assert [patch.name for patch in series.patches] == list(made.patch_names)
-    assert [patch.subject for patch in series.patches] == ["Add the checkpoint seam", "Add the trainer seam"]
-    first = series.patches[0]
-    assert [str(change.path) for change in first.changes] == ["pytorch/callbacks/early_stopping.py", MC]
-    assert len(first.changes[1].hunks) == 2
-    for patch in series.patches:  # headers read back exactly as git wrote them
+    assert [patch.name for patch in series] == list(made.patch_names)
+    assert [patch.subject for patch in series] == ["Add the checkpoint seam", "Add the trainer seam"]
+    first = series[0]
+    assert [hunk.file for hunk in first.hunks] == [f"lightning/{name}" for name in (STOPPING, MC, MC)]
+    for patch in series:  # headers read back exactly as git wrote them
         written = re.findall(r"^@@ -\S+ \+\S+ @@", (made.series / patch.name).read_text(), flags=re.MULTILINE)
-        assert [hunk.header for change in patch.changes for hunk in change.hunks] == written
-    assert first.changes[0].hunks[0].old[0].endswith("\r\n")  # CRLF kept
-    trainer = series.patches[1].changes[1].hunks[0]
-    assert trainer.old[-1] == "    trainer_9 = 9" and trainer.new[-1] == "    seam = True"  # "\ No newline"
+        assert [hunk.header for hunk in patch.hunks] == written
+    # each single-hunk patch starts where the file's earlier hunks have put its lines: 0001's first MC hunk adds one
+    old_starts = [int(re.search(r"^@@ -(\d+)", hunk.diff, re.MULTILINE)[1]) for hunk in first.hunks[1:]]  # type: ignore[index]
+    stated = [int(hunk.header.split()[1].split(",")[0][1:]) for hunk in first.hunks[1:]]
+    assert old_starts == [stated[0], stated[1] + 1]
+    assert first.hunks[0].expected[0].endswith("\r\n")  # CRLF kept
+    trainer = series[1].hunks[1]
+    assert trainer.diff.endswith("+    seam = True\n\\ No newline at end of file\n")  # "\ No newline" kept for git
+    assert "-    trainer_9 = 9\n\\ No newline at end of file\n" in trainer.diff
 
 
 def test_check_on_a_pristine_tree_is_all_ok(made: GitSeries, target: Path, capsys: pytest.CaptureFixture[str]) -> None:
     before = snapshot(target)
     report = patches.check(target=target, series=made.series)
-    assert report.state is SeriesState.CLEAN and report.ok and report.version == "2.6.6"
+    assert report.state == "clean" and report.ok and report.version == "2.6.6"
     assert [hunk.describe() for hunk in report.hunks] == ["OK"] * 5
     assert main(["check", "--target", str(target), "--series", str(made.series)]) == 0
     out = capsys.readouterr().out
@@ -92,15 +101,14 @@ def test_altered_context_fails_the_hunk_and_apply_touches_nothing(
     os.utime(target / TRAINER, ns=(10**18, 10**18))
     before = snapshot(target)
     report = patches.check(target=target, series=made.series)
-    assert report.state is SeriesState.CONFLICT and not report.ok
-    (failing,) = [hunk for hunk in report.hunks if hunk.status is HunkStatus.FAILS]
+    assert report.state == "conflict" and not report.ok
+    (failing,) = [hunk for hunk in report.hunks if hunk.status == "FAILS"]
     assert (failing.patch, failing.file, failing.header) == (
         made.patch_names[1],
         f"lightning/{TRAINER}",
         "@@ -8,4 +8,5 @@",
     )
-    assert failing.mismatch is not None and failing.mismatch.line == 9
-    assert failing.mismatch.expected == "    trainer_7 = 7\n" and failing.mismatch.found == "    trainer_7 = 'seven'\n"
+    assert failing.detail == "line 9: expected '    trainer_7 = 7', found \"    trainer_7 = 'seven'\""
     assert main(["check", "--target", str(target), "--series", str(made.series)]) == 1
     out = capsys.readouterr().out
     assert f"  lightning/{TRAINER} @@ -8,4 +8,5 @@: FAILS\n    line 9: expected '    trainer_7 = 7', found" in out
@@ -127,7 +135,7 @@ def test_apply_apply_revert_revert_round_trip(made: GitSeries, target: Path) -> 
     assert "already applied" in again.message()
     assert snapshot(target) == applied
     report = patches.check(target=target, series=made.series)
-    assert report.state is SeriesState.APPLIED and report.ok
+    assert report.state == "applied" and report.ok
     assert {hunk.describe() for hunk in report.hunks} == {"ALREADY APPLIED"}
 
     back = patches.revert(target=target, series=made.series)
@@ -148,7 +156,7 @@ def test_partially_patched_tree_is_refused_then_reverted(made: GitSeries, target
     patches.apply(target=target, series=first_only)
     before = snapshot(target)
     report = patches.check(target=target, series=made.series)
-    assert report.state is SeriesState.PARTIAL and not report.ok
+    assert report.state == "partial" and not report.ok
     assert (report.applied_patches, report.pending_patches) == (made.patch_names[:1], made.patch_names[1:])
     expected = f"applied: {made.patch_names[0]}; not applied: {made.patch_names[1]}"
     with pytest.raises(SeriesNotApplicableError, match=f"partially applied: {expected}"):
@@ -160,16 +168,15 @@ def test_partially_patched_tree_is_refused_then_reverted(made: GitSeries, target
 
 def test_patch_only_partly_in_the_tree_is_a_conflict(made: GitSeries, target: Path) -> None:
     patches.apply(target=target, series=made.series)
-    stopping = "pytorch/callbacks/early_stopping.py"
-    (target / stopping).write_bytes(made.original[stopping])  # one file of 0001 put back, say by a reinstall
+    (target / STOPPING).write_bytes(made.original[STOPPING])  # one file of 0001 put back, say by a reinstall
     before = snapshot(target)
     report = patches.check(target=target, series=made.series)
-    assert report.state is SeriesState.CONFLICT and report.applied_patches == made.patch_names[1:]
+    assert report.state == "conflict" and report.applied_patches == made.patch_names[1:]
     first = report.patches[0]
     assert [(hunk.file, hunk.status) for hunk in first.hunks] == [
-        (f"lightning/{stopping}", HunkStatus.OK),
-        (f"lightning/{MC}", HunkStatus.ALREADY_APPLIED),
-        (f"lightning/{MC}", HunkStatus.ALREADY_APPLIED),
+        (f"lightning/{STOPPING}", "OK"),
+        (f"lightning/{MC}", "ALREADY APPLIED"),
+        (f"lightning/{MC}", "ALREADY APPLIED"),
     ]
     message = f"{made.patch_names[0]}: 2 of 3 hunks already applied; applied: {made.patch_names[1]}"
     assert report.summary() == f"the series does not apply: {message}"
@@ -280,23 +287,48 @@ def test_cli_messages_and_exit_codes(made: GitSeries, target: Path, capsys: pyte
 def test_default_series_is_looked_up_by_version(made: GitSeries, target: Path, tmp_path: Path) -> None:
     (target / "version.info").write_text("9.9.9\n")
     with pytest.raises(
-        PatchError, match=r"no patch series for Lightning 9\.9\.9: .* \(available in .*lightning-2\.6\.6"
+        PatchError, match=r"no patch series for Lightning 9\.9\.9: .* does not exist \(available: lightning-2\.6\.6\)"
     ):
         patches.check(target=target)
     root = tmp_path / "patches"
     (root / "lightning-2.6.5").mkdir(parents=True)
     (root / "lightning-9.9.9").mkdir()
-    assert patches.find_series(target, root=root) == root / "lightning-9.9.9"
+    assert find_series(target, root=root) == root / "lightning-9.9.9"
     (target / "version.info").write_text("2.6.7\n")
-    with pytest.raises(PatchError, match=r"\(available in .*: lightning-2\.6\.5, lightning-9\.9\.9\)"):
-        patches.find_series(target, root=root)
-    assert patches.patches_root() == Path(__file__).resolve().parents[1] / "patches"
+    with pytest.raises(PatchError, match=r"\(available: lightning-2\.6\.5, lightning-9\.9\.9\)"):
+        find_series(target, root=root)
+    assert patches_root() == Path(__file__).resolve().parents[1] / "patches"
 
 
 def test_creating_a_file_is_not_supported(tmp_path: Path) -> None:
     made = make_git_series(tmp_path, commits=[("Add a file", {"pytorch/new.py": [lambda _: b"x = 1\n"]})])
-    with pytest.raises(PatchError, match="creating a file is not supported"):
+    with pytest.raises(PatchError, match=r"0001-Add-a-file\.patch: lightning/pytorch/new\.py: creating a file is not"):
         patches.check(target=made.target, series=made.series)
+
+
+@pytest.mark.parametrize(
+    ("change", "refused"),
+    [
+        (lambda repo: (repo / "lightning" / TRAINER).unlink(), f"lightning/{TRAINER}: deleting a file"),
+        (lambda repo: git(repo, "mv", f"lightning/{TRAINER}", "lightning/moved.py"), "renaming a file"),
+        (lambda repo: (repo / "lightning" / TRAINER).chmod(0o755), f"lightning/{TRAINER}: changing a file's mode"),
+        (lambda repo: (repo / "lightning" / "version.info").write_bytes(b"\x00\xff"), "version.info: a binary change"),
+    ],
+)
+def test_changes_other_than_text_edits_are_refused(
+    tmp_path: Path, change: Callable[[Path], object], refused: str
+) -> None:
+    made = make_git_series(tmp_path, commits=[])
+    repo = tmp_path / "repo"
+    change(repo)
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "Change")
+    git(repo, "format-patch", "-q", "-M", "-o", str(tmp_path / "other"), "HEAD~1")
+    before = snapshot(made.target)
+    for action in (patches.check, patches.apply):
+        with pytest.raises(PatchError, match=f"^0001-Change.patch: .*{re.escape(refused)} is not supported"):
+            action(target=made.target, series=tmp_path / "other")
+    assert snapshot(made.target) == before
 
 
 def test_commit_message_that_looks_like_a_diff_is_ignored(tmp_path: Path) -> None:
@@ -305,14 +337,14 @@ def test_commit_message_that_looks_like_a_diff_is_ignored(tmp_path: Path) -> Non
     text = patch.read_text()
     head, rest = text.split("\n---\n", 1)
     patch.write_text(f"{head}\n--- a/lightning/{MC}\n+++ b/lightning/{MC}\n@@ -1 +1 @@\n---\n{rest}")
-    (parsed,) = load_series(made.series).patches
-    assert parsed.subject == "Tweak" and len(parsed.changes) == 1
-    assert patches.check(target=made.target, series=made.series).state is SeriesState.CLEAN
+    (parsed,) = load_series(made.series)
+    assert parsed.subject == "Tweak" and len(parsed.hunks) == 1
+    assert patches.check(target=made.target, series=made.series).state == "clean"
 
 
 def test_real_lightning_copy_check_apply_revert(tmp_path: Path) -> None:
-    installed = patches.default_target()
-    assert patches.target_version(installed) == "2.6.6"
+    installed = default_target()
+    assert target_version(installed) == "2.6.6"
     files = ["version.info", "__init__.py", "pytorch/callbacks/model_checkpoint.py"]
     digest_before = {name: hashlib.sha256((installed / name).read_bytes()).hexdigest() for name in files}
     source = (installed / files[2]).read_text(encoding="utf-8")
@@ -322,9 +354,97 @@ def test_real_lightning_copy_check_apply_revert(tmp_path: Path) -> None:
     base = {name: (installed / name).read_bytes() for name in files}
     made = make_git_series(tmp_path, base=base, commits=[("Mark the seam", {files[2]: [replace(anchor, comment)]})])
     report = patches.check(target=made.target, series=made.series)
-    assert report.state is SeriesState.CLEAN and report.version == "2.6.6"
+    assert report.state == "clean" and report.version == "2.6.6"
     patches.apply(target=made.target, series=made.series)
     assert (made.target / files[2]).read_text(encoding="utf-8") == source.replace(anchor, comment)
     patches.revert(target=made.target, series=made.series)
     assert contents(made.target) == base
     assert {name: hashlib.sha256((installed / name).read_bytes()).hexdigest() for name in files} == digest_before
+
+
+def test_missing_git_is_reported_clearly_and_nothing_is_written(
+    made: GitSeries, target: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    no_git = tmp_path / "bin"
+    no_git.mkdir()
+    before = snapshot(target)
+    done = subprocess.run(
+        [sys.executable, "-m", "lightning_ext.patches", "apply", "--target", str(target), "--series", str(made.series)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PATH": str(no_git)},
+    )
+    message = "no 'git' on PATH: the patch tool runs 'git apply' (install git, then try again)"
+    assert (done.returncode, done.stdout, done.stderr) == (1, "", f"error: {message}\n")
+    monkeypatch.setenv("PATH", str(no_git))
+    for action in (patches.check, patches.apply, patches.revert):
+        with pytest.raises(PatchError, match=re.escape(message)):
+            action(target=target, series=made.series)
+    assert snapshot(target) == before
+
+
+def test_a_repository_around_the_scratch_copy_changes_nothing(
+    made: GitSeries, target: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git(repo, "init", "-q")
+    (repo / ".gitattributes").write_text("* text eol=crlf\n")  # would turn every line ending git writes into CRLF
+    monkeypatch.setattr(tempfile, "tempdir", str(repo))  # the tool's scratch copy now lies inside that repository
+    patches.apply(target=target, series=made.series)
+    assert contents(target) == _expected(made)
+
+
+def test_importing_the_tool_is_light_and_patch_mode_loads_on_first_use() -> None:
+    code = "import json, sys, lightning_ext.patches; print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))"
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert loaded.returncode == 0, loaded.stderr
+    assert not {"lightning", "torch", "lightning_fabric", "pytorch_lightning"} & set(json.loads(loaded.stdout))
+    from lightning_ext._runtime import patch_mode as runtime_patch_mode
+    from lightning_ext.patches import patch_mode
+
+    assert patch_mode is runtime_patch_mode and patches.patch_mode() in ("native", "runtime")
+    with pytest.raises(AttributeError, match="has no attribute 'nothing'"):
+        patches.nothing  # noqa: B018
+
+
+def _run(*command: str | Path, **options: object) -> str:
+    done = subprocess.run([str(part) for part in command], capture_output=True, text=True, timeout=300, **options)  # type: ignore[call-overload]
+    assert done.returncode == 0, done.stdout + done.stderr
+    return str(done.stdout)
+
+
+@pytest.mark.slow
+def test_the_built_wheel_ships_the_series_and_the_installed_tool_checks_it(tmp_path: Path) -> None:
+    repo = Path(__file__).resolve().parents[1]
+    source = tmp_path / "source"  # a clean copy, so that building leaves nothing in the checkout
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(repo / name, source)
+    for name in ("lightning_ext", "patches"):
+        shutil.copytree(repo / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
+    _run(*pip, "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-w", tmp_path / "dist", source)
+    (wheel,) = (tmp_path / "dist").glob("*.whl")
+    shipped = set(zipfile.ZipFile(wheel).namelist())
+    assert {path.relative_to(repo).as_posix() for path in (repo / "lightning_ext").rglob("*.py")} <= shipped
+    series = {path.relative_to(repo / "patches").as_posix() for path in (repo / "patches").glob("lightning-*/*.patch")}
+    assert len(series) >= 3 and {f"lightning_ext/_series/{name}" for name in series} <= shipped
+
+    # A fresh virtual environment that sees this one's packages (lightning, torch, unidiff) through a .pth file
+    venv = tmp_path / "venv"
+    _run(sys.executable, "-m", "venv", "--without-pip", venv)
+    python = venv / "bin" / "python"
+    purelib = Path(_run(python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))").strip())
+    (purelib / "dependencies.pth").write_text(sysconfig.get_path("purelib") + "\n")
+    _run(*pip, "--python", python, "install", "--no-deps", "--no-index", wheel)
+
+    target = shutil.copytree(default_target(), tmp_path / "copy" / "lightning", ignore=shutil.ignore_patterns("*.pyc"))
+    version = target_version(target)
+    environment = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}  # not this checkout
+    out = _run(python, "-m", "lightning_ext.patches", "check", "--target", target, cwd=tmp_path, env=environment)
+    assert f"series: {purelib / 'lightning_ext' / '_series' / f'lightning-{version}'}\n" in out
+    patch_files = list((repo / "patches" / f"lightning-{version}").glob("*.patch"))
+    hunks = sum(len(re.findall(r"^@@ ", path.read_text(), flags=re.MULTILINE)) for path in patch_files)
+    assert out.endswith(f"result: the series applies cleanly ({len(patch_files)} patches, {hunks} hunks)\n")

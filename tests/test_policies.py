@@ -27,7 +27,7 @@ def tallies(draw: st.DrawFn) -> tuple[list[bool], VoteTally]:
 
 
 @given(tallies())
-def test_vote_policies_follow_their_definition(case: tuple[list[bool], VoteTally]) -> None:
+def test_each_vote_policy_decides_as_defined_on_any_tally(case: tuple[list[bool], VoteTally]) -> None:
     votes, tally = case
     assert AllRanks().decide(tally) is all(votes)
     assert AnyRank().decide(tally) is any(votes)
@@ -42,7 +42,7 @@ def test_majority_tie_does_not_act() -> None:
     assert Majority().decide(VoteTally(yes=3, world_size=4, rank_zero=False)) is True
 
 
-def test_names_resolve_to_policies() -> None:
+def test_every_policy_name_resolves_to_its_policy_object() -> None:
     assert available_policies() == ["all", "any", "majority", "max", "mean", "min", "rank_zero"]
     assert isinstance(resolve_policy("all"), AllRanks)
     assert isinstance(resolve_policy(" Majority "), Majority)
@@ -57,7 +57,7 @@ def test_unknown_name_lists_the_valid_ones() -> None:
 
 
 @pytest.mark.parametrize("bad", [None, 3, ["all"]])
-def test_non_policy_is_a_type_error(bad: object) -> None:
+def test_resolving_a_non_policy_is_a_type_error(bad: object) -> None:
     with pytest.raises(TypeError, match="must be a name or a DecisionPolicy"):
         resolve_policy(bad)  # type: ignore[arg-type]
 
@@ -74,12 +74,12 @@ def test_quorum_larger_than_world_is_rejected_at_validation() -> None:
         Quorum(4).validate(3)
 
 
-def test_aggregate_reduction_is_checked() -> None:
+def test_aggregate_policy_rejects_an_unknown_reduction() -> None:
     with pytest.raises(ValueError, match=r"one of \['mean', 'min', 'max'\]"):
         AggregatePolicy("median")  # type: ignore[arg-type]
 
 
-def test_policies_compare_by_description_and_pickle() -> None:
+def test_policies_survive_pickling_and_compare_by_description() -> None:
     for name in available_policies():
         policy = resolve_policy(name)
         assert pickle.loads(pickle.dumps(policy)) == policy
@@ -87,7 +87,7 @@ def test_policies_compare_by_description_and_pickle() -> None:
     assert len({Quorum(2), Quorum(2), Majority()}) == 2
 
 
-def test_user_policy_subclass() -> None:
+def test_user_vote_policy_resolves_decides_and_describes_itself() -> None:
     class AtLeastHalf(VotePolicy):
         def decide(self, tally: VoteTally) -> bool:
             return 2 * tally.yes >= tally.world_size

@@ -31,7 +31,7 @@ def test_takes_every_ddp_strategy_argument_with_the_same_default() -> None:
         assert ours[name].kind is inspect.Parameter.KEYWORD_ONLY
 
 
-def test_ddp_arguments_reach_ddp() -> None:
+def test_ddp_arguments_are_passed_through_to_ddp_strategy() -> None:
     strategy = PolicyDDPStrategy(start_method="spawn", find_unused_parameters=True, process_group_backend="gloo")
     assert strategy._start_method == "spawn"
     assert strategy._ddp_kwargs == {"find_unused_parameters": True}
@@ -39,7 +39,7 @@ def test_ddp_arguments_reach_ddp() -> None:
     assert isinstance(strategy, DDPStrategy)
 
 
-def test_defaults_are_stock_rules() -> None:
+def test_default_policies_are_the_stock_all_and_any() -> None:
     strategy = PolicyDDPStrategy()
     assert strategy.checkpoint_policy == AllRanks() and strategy.early_stopping_policy == AnyRank()
 
@@ -50,20 +50,20 @@ def test_unknown_policy_name_is_rejected_with_the_valid_names() -> None:
 
 
 @pytest.mark.parametrize("name", ["all", "any", "majority", "rank_zero", "mean", "min", "max"])
-def test_registry_names_build_the_strategy(name: str) -> None:
+def test_each_registry_name_builds_the_strategy_with_that_policy(name: str) -> None:
     assert f"ddp_{name}" in StrategyRegistry
     trainer = L.Trainer(strategy=f"ddp_{name}", accelerator="cpu", devices=2, logger=False)
     assert isinstance(trainer.strategy, PolicyDDPStrategy)
     assert trainer.strategy.checkpoint_policy == trainer.strategy.early_stopping_policy == resolve_policy(name)
 
 
-def test_registry_default_name_keeps_stock_rules() -> None:
+def test_registry_name_ddp_policy_keeps_the_stock_rules() -> None:
     trainer = L.Trainer(strategy="ddp_policy", accelerator="cpu", devices=2, logger=False)
     assert trainer.strategy.checkpoint_policy == AllRanks()
     assert trainer.strategy.early_stopping_policy == AnyRank()
 
 
-def test_lightning_cli_yaml_config(tmp_path: Path) -> None:
+def test_lightning_cli_yaml_config_builds_the_strategy_with_its_policies(tmp_path: Path) -> None:
     pytest.importorskip("jsonargparse")
     from lightning.pytorch.cli import LightningCLI
     from lightning.pytorch.demos.boring_classes import BoringDataModule, BoringModel
@@ -98,7 +98,9 @@ def test_lightning_cli_yaml_config(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("start_method", "devices"), [("popen", 2), ("spawn", 3)])
-def test_real_launch(tmp_path: Path, start_method: str, devices: int) -> None:
+def test_real_launch_agrees_on_the_mean_checkpoint_and_writes_every_rank_file(
+    tmp_path: Path, start_method: str, devices: int
+) -> None:
     """A user's script, launched by Lightning itself (subprocess re-launch or torch.multiprocessing spawn)."""
     out = tmp_path / "ranks.jsonl"
     script = REPO / "tests" / "scripts" / "launch.py"
@@ -127,7 +129,7 @@ def test_real_launch(tmp_path: Path, start_method: str, devices: int) -> None:
     assert {rank: list(values) for rank, values in seen.items()} == {rank: [float(rank)] for rank in range(devices)}
 
 
-def test_seams_are_installed_and_inert_for_stock_strategies() -> None:
+def test_runtime_seams_are_installed_on_lightning_call_sites() -> None:
     from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 
     assert patch_mode() == "runtime"

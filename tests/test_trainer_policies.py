@@ -151,7 +151,7 @@ STOCK_CASES = {
 
 
 @pytest.mark.parametrize("case", list(STOCK_CASES))
-def test_default_flags_match_stock_ddp_side_by_side(rank_pools: Any, tmp_path: Any, case: str) -> None:
+def test_default_policies_save_and_stop_exactly_as_stock_ddp(rank_pools: Any, tmp_path: Any, case: str) -> None:
     """``PolicyDDPStrategy()`` saves the same checkpoints, and stops at the same epoch, as stock ``DDPStrategy``."""
     table, checkpoint, synced = STOCK_CASES[case]
     pool = rank_pools(len(table))
@@ -246,3 +246,17 @@ def test_step_based_checkpoints_follow_the_policy_and_defaults_match_stock(rank_
         "step=4-train_metric=2.50.ckpt",
         "step=5-train_metric=2.38.ckpt",
     ]
+
+
+def test_vote_policy_records_rank_zero_value_even_when_it_is_worse(rank_pools: Any, tmp_path: Any) -> None:
+    """docs/policies.md: the recorded score is rank 0's value, whatever rank 0 voted, so ``best_model_score`` can get
+    worse. e1: rank 0 sees 5 (votes no), rank 1 sees 3 (votes yes); "any" saves, named and scored with rank 0's 5.00,
+    and with save_top_k=1 that evicts the 4.00 checkpoint."""
+    table = [[4.0, 5.0], [4.0, 3.0]]
+    results = rank_pools(2).run(
+        "tests.scenarios:fit", (str(tmp_path), {"checkpoint_policy": "any"}, table), checkpoint=CKPT, max_epochs=2
+    )
+    assert_agreed(results, (*AGREED, "best_model_score"))
+    assert results[0]["saves"] == ["epoch=0-val_loss=4.00.ckpt", "epoch=1-val_loss=5.00.ckpt"]
+    assert results[0]["best_model_score"] == 5.0
+    assert results[0]["files"] == ["epoch=1-val_loss=5.00.ckpt"]

@@ -1,44 +1,30 @@
-"""Check, apply and revert the fork-style patch series that writes lightning-ext's seams into Lightning's sources.
+"""Check, apply and revert the ``git format-patch`` series that writes lightning-ext's seams into Lightning's sources.
 
-A series is a directory of ``git format-patch`` files, ``0001-*.patch``, ``0002-*.patch``, ..., applied in file-name
-order to a ``lightning`` package directory (the installed one by default). By default the series is
-``<repository>/patches/lightning-<version>/`` for the target's Lightning version.
-
-* :func:`check` simulates the whole series in memory and reports hunk by hunk (``OK``, ``OK (offset +N lines)``,
-  ``ALREADY APPLIED``, ``FAILS`` with the first mismatching line).
-* :func:`apply` writes all of it or nothing, and does nothing if it is already applied; it refuses a partially
-  patched tree.
-* :func:`revert` restores the original files byte for byte, all of them or none.
-
-The same from a shell: ``python -m lightning_ext.patches check|apply|revert [--target DIR] [--series DIR]``.
+``python -m lightning_ext.patches check|apply|revert [--target DIR] [--series DIR]``, or the functions here; see
+``patches/README.md``. The series ships with the package; ``git apply`` (git on ``PATH``) does the patch work.
+:func:`patch_mode` (``"native"`` on a patched Lightning, else ``"runtime"``) imports Lightning: it loads on first use.
 
 Example:
     >>> from lightning_ext import patches
-    >>> report = patches.check(target="/path/to/site-packages/lightning")  # doctest: +SKIP
-    >>> print(report.format())  # doctest: +SKIP
+    >>> print(patches.check(target="/path/to/site-packages/lightning").format())  # doctest: +SKIP
 
 """
 
-from lightning_ext.patches._api import PatchOutcome, apply, check, revert
-from lightning_ext.patches._errors import PatchError, SeriesNotApplicableError
-from lightning_ext.patches._locate import default_target, find_series, patches_root, target_version
-from lightning_ext.patches._report import HunkReport, HunkStatus, Mismatch, PatchReport, SeriesReport, SeriesState
+from typing import TYPE_CHECKING, Any
 
-__all__ = [
-    "HunkReport",
-    "HunkStatus",
-    "Mismatch",
-    "PatchError",
-    "PatchOutcome",
-    "PatchReport",
-    "SeriesNotApplicableError",
-    "SeriesReport",
-    "SeriesState",
-    "apply",
-    "check",
-    "default_target",
-    "find_series",
-    "patches_root",
-    "revert",
-    "target_version",
-]
+from lightning_ext.patches._api import apply, check, revert
+from lightning_ext.patches._report import SeriesNotApplicableError, SeriesReport
+from lightning_ext.patches._series import PatchError
+
+if TYPE_CHECKING:
+    from lightning_ext._runtime import patch_mode
+
+__all__ = ["PatchError", "SeriesNotApplicableError", "SeriesReport", "apply", "check", "patch_mode", "revert"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "patch_mode":  # imports Lightning: only when asked for
+        from lightning_ext._runtime import patch_mode
+
+        return patch_mode
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

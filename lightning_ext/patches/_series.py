@@ -1,240 +1,142 @@
-"""Read a patch series: ``NNNN-*.patch`` files in ``git format-patch`` form, parsed with ``unidiff``.
+"""Find the target ``lightning`` package and its series; split each ``git format-patch`` file into hunks for git.
 
-A format-patch file is an e-mail: headers (``Subject: [PATCH 1/2] ...``), the commit message, a ``---`` line, a
-diffstat, then the ``diff --git`` sections. The e-mail part is cut off before the diff is handed to ``unidiff``, so
-that nothing in a commit message can be mistaken for a diff. Files are decoded as UTF-8 with ``surrogateescape``,
-and lines keep their own endings (``\\r\\n`` stays), so that applying and reverting are byte-exact.
+Only edits of existing text files under ``lightning/`` are accepted; every path is checked before any file is read.
 
-Only changes to existing text files are supported: creating, deleting or renaming a file, mode changes and binary
-changes are refused with a clear error.
+Example:
+    >>> package_path("b/lightning/../../etc/x", patch="0001-x.patch")
+    Traceback (most recent call last):
+    ...
+    lightning_ext.patches._series.PatchError: 0001-x.patch: refusing path 'b/lightning/../../etc/x': it contains '..'
 
 """
 
-import email.parser
+import importlib.util
 import re
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from unidiff.errors import UnidiffParseError
-from unidiff.patch import Hunk, PatchedFile, PatchSet
+from unidiff.patch import PatchSet
 
-from lightning_ext.patches._errors import PatchError
-from lightning_ext.patches._paths import package_path
+import lightning_ext
 
-__all__ = [
-    "ENCODING",
-    "ERRORS",
-    "FileChange",
-    "HunkSpec",
-    "Patch",
-    "Series",
-    "load_series",
-    "parse_patch",
-    "split_lines",
-]
+__all__ = ["Hunk", "Patch", "PatchError", "default_target", "find_series", "load_series", "patches_root"]
 
-ENCODING = "utf-8"
-ERRORS = "surrogateescape"  # undecodable bytes survive a decode/encode round trip unchanged
+ENCODING, ERRORS = "utf-8", "surrogateescape"  # undecodable bytes survive a decode/encode round trip
 
-_DEV_NULL = "/dev/null"
-_SUBJECT_TAG = re.compile(r"^\[[^\]]*\]\s*")
-_NO_NEWLINE = "\\"
+
+class PatchError(Exception):
+    """A series that cannot be checked, applied or reverted as asked; the message (one line) says why."""
 
 
 @dataclass(frozen=True)
-class HunkSpec:
-    """One hunk, as the lines it expects (``old``) and the lines it leaves (``new``), with their line endings.
+class Hunk:
+    """One hunk: its file (``lightning/...``) and header as written, a single-hunk ``diff`` that git applies once the
+    file's earlier hunks are in, and the lines it ``expected`` from line ``start`` on, in that numbering."""
 
-    Attributes:
-        header: ``@@ -a,b +c,d @@`` as git writes it.
-        source_start: ``a``: the first old line (1-based; 0 for an insertion into an empty file).
-        target_start: ``c``: the first new line.
-        old: context and removed lines, in order.
-        new: context and added lines, in order.
-
-    """
-
+    file: str
     header: str
-    source_start: int
-    target_start: int
-    old: tuple[str, ...]
-    new: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class FileChange:
-    """The hunks a patch makes to one file.
-
-    Attributes:
-        path: the file, relative to the ``lightning`` package directory.
-        hunks: in patch order.
-
-    """
-
-    path: PurePosixPath
-    hunks: tuple[HunkSpec, ...]
-
-    @property
-    def shown(self) -> str:
-        """The file as the patch names it, ``lightning/...``."""
-        return f"lightning/{self.path}"
+    diff: str
+    start: int
+    expected: tuple[str, ...]
 
 
 @dataclass(frozen=True)
 class Patch:
-    """One patch file.
-
-    Attributes:
-        name: the file name (``0001-....patch``).
-        subject: the commit subject, without the ``[PATCH n/m]`` tag ('' if the file has no e-mail header).
-        changes: one entry per ``diff --git`` section, in order.
-
-    """
+    """One patch file: its name, commit subject, the diff part for ``git apply``, and its hunks."""
 
     name: str
     subject: str
-    changes: tuple[FileChange, ...]
+    diff: str
+    hunks: tuple[Hunk, ...]
 
 
-@dataclass(frozen=True)
-class Series:
-    """A patch series, in application order.
-
-    Attributes:
-        directory: where the patch files are.
-        patches: sorted by file name.
-
-    """
-
-    directory: Path
-    patches: tuple[Patch, ...]
+def patches_root() -> Path:
+    """Where the series live: ``lightning_ext/_series`` in a wheel (see pyproject.toml), else ``<checkout>/patches``."""
+    package = Path(lightning_ext.__file__).resolve().parent
+    return package / "_series" if (package / "_series").is_dir() else package.parent / "patches"
 
 
-def load_series(directory: Path) -> Series:
-    """Read and parse every ``*.patch`` file in ``directory``, in file-name order.
+def default_target() -> Path:
+    """The installed ``lightning`` package directory, found without importing it."""
+    spec = importlib.util.find_spec("lightning")
+    if spec is None or not spec.submodule_search_locations:
+        raise PatchError("the 'lightning' package is not installed here; pass --target DIR")
+    return Path(next(iter(spec.submodule_search_locations)))
 
-    Raises:
-        PatchError: the directory does not exist, holds no patch, or a patch is malformed or unsupported.
 
-    """
+def target_version(target: Path) -> str | None:
+    """The first line of ``version.info`` beside or inside the package (where Lightning reads it), if any."""
+    for path in (target.parent / "version.info", target / "version.info"):
+        if path.is_file():
+            return (path.read_text(encoding="utf-8").splitlines() or [""])[0].strip() or None
+    return None
+
+
+def find_series(target: Path, *, root: Path | None = None) -> Path:
+    """``<root>/lightning-<target's version>``; the error lists the versions that have a series."""
+    root = patches_root() if root is None else root
+    if (version := target_version(target)) is None:
+        raise PatchError(f"cannot tell the Lightning version of {target} (no version.info); pass --series DIR")
+    if not (series := root / f"lightning-{version}").is_dir():
+        available = ", ".join(sorted(path.name for path in root.glob("lightning-*") if path.is_dir())) or "none"
+        raise PatchError(f"no patch series for Lightning {version}: {series} does not exist (available: {available})")
+    return series
+
+
+def load_series(directory: Path) -> tuple[Patch, ...]:
+    """Read and split every ``*.patch`` file of ``directory``, in file-name order."""
     if not directory.is_dir():
         raise PatchError(f"the series directory {directory} does not exist")
-    files = sorted(path for path in directory.glob("*.patch") if path.is_file())
-    if not files:
+    if not (files := sorted(directory.glob("*.patch"))):
         raise PatchError(f"the series directory {directory} holds no patches (*.patch)")
-    patches = []
-    for path in files:
-        try:
-            text = path.read_bytes().decode(ENCODING, ERRORS)
-        except OSError as exc:
-            raise PatchError(f"cannot read {path}: {exc}") from exc
-        patches.append(parse_patch(text, name=path.name))
-    return Series(directory=directory, patches=tuple(patches))
+    return tuple(_parse(path.read_bytes().decode(ENCODING, ERRORS), name=path.name) for path in files)
 
 
-def parse_patch(text: str, *, name: str) -> Patch:
-    """Parse one ``git format-patch`` file (or a bare ``git diff``).
+def package_path(raw: str, *, patch: str) -> PurePosixPath:
+    """The path inside the package that ``a/lightning/...`` names; refused if it could lead outside the package."""
+    rest = raw[2:] if raw[:2] in ("a/", "b/") else raw
+    parts = PurePosixPath(rest).parts
+    if raw.startswith('"') or "\\" in raw:
+        reason = "quoted or escaped file names are not supported"
+    elif rest.startswith("/"):
+        reason = "it is absolute"
+    elif ".." in parts:
+        reason = "it contains '..'"
+    elif raw[:2] not in ("a/", "b/") or len(parts) < 2 or parts[0] != "lightning":
+        reason = "it is not a file inside 'lightning/'"
+    else:
+        return PurePosixPath(*parts[1:])
+    raise PatchError(f"{patch}: refusing path {raw!r}: {reason}")
 
-    Args:
-        text: the decoded file.
-        name: the patch file name, for the result and for error messages.
 
-    Raises:
-        PatchError: no diff in it, ``unidiff`` cannot parse it, or it makes a change other than editing a file.
-
-    """
-    preamble, diff = _split_preamble(text, name=name)
+def _parse(text: str, *, name: str) -> Patch:
+    # As `git am` does, the commit message ends at the first "---" line; the diff starts at the next "diff --git".
+    message_end = re.search(r"^---$", text, re.MULTILINE)
+    if not (start := re.compile(r"^diff --git ", re.MULTILINE).search(text, message_end.end() if message_end else 0)):
+        raise PatchError(f"{name}: no 'diff --git' section found (expected git format-patch output)")
     try:
-        patch_set = PatchSet(diff)
+        patched_files = PatchSet(diff := text[start.start() :])
     except UnidiffParseError as exc:
         raise PatchError(f"{name}: not a valid unified diff: {exc}") from exc
-    changes = tuple(_file_change(patched, patch=name) for patched in patch_set)
-    return Patch(name=name, subject=_subject(preamble), changes=changes)
-
-
-def split_lines(text: str) -> list[str]:
-    """Split on ``\\n`` only, keeping each line's ending (``\\r\\n`` stays whole; a last line may have none).
-
-    Example:
-        >>> split_lines("a\\r\\nb\\x0cc\\nlast")
-        ['a\\r\\n', 'b\\x0cc\\n', 'last']
-
-    """
-    parts = text.split("\n")
-    lines = [part + "\n" for part in parts[:-1]]
-    return [*lines, parts[-1]] if parts[-1] else lines
-
-
-def _split_preamble(text: str, *, name: str) -> tuple[str, str]:
-    # As ``git am`` does: the message ends at the first "---" line or "diff -" line; the diff starts at the first
-    # "diff --git" line from there.
-    lines = split_lines(text)
-    start = next((index for index, line in enumerate(lines) if _ends_message(line)), len(lines))
-    for index in range(start, len(lines)):
-        if lines[index].startswith("diff --git "):
-            return "".join(lines[:index]), "".join(lines[index:])
-    raise PatchError(f"{name}: no 'diff --git' section found (expected git format-patch output)")
-
-
-def _ends_message(line: str) -> bool:
-    return line.rstrip() == "---" or line.startswith("diff -")
-
-
-def _subject(preamble: str) -> str:
-    if not preamble.strip():
-        return ""
-    subject = email.parser.Parser().parsestr(preamble, headersonly=True).get("Subject", "")
-    return _SUBJECT_TAG.sub("", " ".join(str(subject).split()))
-
-
-def _file_change(patched: PatchedFile, *, patch: str) -> FileChange:
-    shown = patched.source_file if patched.source_file != _DEV_NULL else patched.target_file
-    unsupported = f"{patch}: {shown}"
-    if patched.source_file == _DEV_NULL:
-        raise PatchError(f"{unsupported}: creating a file is not supported")
-    if patched.target_file == _DEV_NULL:
-        raise PatchError(f"{unsupported}: deleting a file is not supported")
-    if patched.is_binary_file:
-        raise PatchError(f"{unsupported}: binary changes are not supported")
-    source, target = package_path(patched.source_file, patch=patch), package_path(patched.target_file, patch=patch)
-    if source != target:
-        raise PatchError(f"{unsupported}: renaming a file is not supported")
-    if patched.source_mode is not None and patched.target_mode not in (None, patched.source_mode):
-        raise PatchError(f"{unsupported}: mode changes are not supported")
-    if not len(patched):
-        raise PatchError(f"{unsupported}: no hunks (only text edits are supported)")
-    return FileChange(path=source, hunks=tuple(_hunk_spec(hunk) for hunk in patched))
-
-
-def _hunk_spec(hunk: Hunk) -> HunkSpec:
-    old: list[str] = []
-    new: list[str] = []
-    previous = ""
-    for line in hunk:
-        kind = line.line_type
-        if kind == _NO_NEWLINE:  # "\ No newline at end of file": the line before it has no line feed
-            if previous in (" ", "-"):
-                old[-1] = old[-1].removesuffix("\n")
-            if previous in (" ", "+"):
-                new[-1] = new[-1].removesuffix("\n")
-            continue
-        if kind in (" ", "-"):
-            old.append(line.value)
-        if kind in (" ", "+"):
-            new.append(line.value)
-        previous = kind
-    return HunkSpec(
-        header=_header(hunk),
-        source_start=hunk.source_start,
-        target_start=hunk.target_start,
-        old=tuple(old),
-        new=tuple(new),
-    )
-
-
-def _header(hunk: Hunk) -> str:
-    return f"@@ -{_range(hunk.source_start, hunk.source_length)} +{_range(hunk.target_start, hunk.target_length)} @@"
-
-
-def _range(start: int, length: int) -> str:
-    return str(start) if length == 1 else f"{start},{length}"
+    hunks, headers = [], iter(re.findall(r"^@@ -\S+ \+\S+ @@", diff, re.MULTILINE))
+    for patched in patched_files:
+        unsupported = {
+            "creating a file": patched.is_added_file,
+            "deleting a file": patched.is_removed_file,
+            "renaming a file": patched.is_rename,
+            "changing a file's mode": patched.source_mode != patched.target_mode,
+            "a binary change": patched.is_binary_file or not patched,
+        }
+        if kind := next((kind for kind, found in unsupported.items() if found), None):
+            raise PatchError(f"{name}: {patched.path}: {kind} is not supported (only edits of text files are)")
+        path, _ = package_path(patched.source_file, patch=name), package_path(patched.target_file, patch=name)
+        shift = 0  # the lines that the file's earlier hunks add
+        for hunk in patched:
+            old, new = f"{hunk.source_start + shift},{hunk.source_length}", f"{hunk.target_start},{hunk.target_length}"
+            single = f"--- a/lightning/{path}\n+++ b/lightning/{path}\n@@ -{old} +{new} @@\n{''.join(map(str, hunk))}"
+            expected = tuple(line.value for line in hunk if line.line_type in (" ", "-"))
+            hunks.append(Hunk(f"lightning/{path}", next(headers), single, hunk.source_start + shift, expected))
+            shift += hunk.target_length - hunk.source_length
+    subject = re.search(r"^Subject: (?:\[[^]]*\] *)?(.*(?:\n[ \t].*)*)", text[: start.start()], re.MULTILINE)
+    return Patch(name, " ".join(subject[1].split()) if subject else "", diff, tuple(hunks))
