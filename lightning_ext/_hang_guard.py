@@ -15,14 +15,13 @@ from typing import Any, Literal
 from torch import Tensor
 
 from lightning_ext import _collective, _loader_checks, _log_checks
-from lightning_ext._lockstep import Lockstep, Point, raise_record, record_of
+from lightning_ext._lockstep import Lockstep, Point, is_joint, raise_record, record_of
 from lightning_ext._watchdog import Watchdog
 
-__all__ = ["HangChecks", "HangGuard", "UnevenMode", "mark_joint", "validate_options"]
+__all__ = ["HangChecks", "HangGuard", "UnevenMode", "validate_options"]
 
 HangChecks = bool | Literal["debug"]
 UnevenMode = Literal["error", "truncate"]
-_JOINT = "_lightning_ext_joint"
 
 
 def validate_options(hang_checks: Any, uneven_batches: Any, check_unsized_loaders: Any) -> None:
@@ -33,12 +32,6 @@ def validate_options(hang_checks: Any, uneven_batches: Any, check_unsized_loader
         raise ValueError(f"uneven_batches must be 'error' or 'truncate', got {uneven_batches!r}")
     if not isinstance(check_unsized_loaders, bool):
         raise TypeError(f"check_unsized_loaders must be a bool, got {check_unsized_loaders!r}")
-
-
-def mark_joint(error: BaseException) -> BaseException:
-    """Mark ``error`` as raised by every rank at the same point (so no rank needs releasing)."""
-    error.__dict__[_JOINT] = True
-    return error
 
 
 class HangGuard:
@@ -111,7 +104,7 @@ class HangGuard:
         """
         self._safe_flush()
         lockstep = self.lockstep
-        if lockstep is None or error.__dict__.get(_JOINT) or getattr(error, "_joint", False):
+        if lockstep is None or is_joint(error):
             return
         posted = lockstep.watchdog.read_posted()
         if posted is not None and posted.rank != rank:

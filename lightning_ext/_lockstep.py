@@ -29,7 +29,7 @@ from typing import Any, NoReturn
 from lightning_ext import _collective, errors
 from lightning_ext._watchdog import ErrorRecord, Location, Watchdog
 
-__all__ = ["Lockstep", "Point", "raise_record"]
+__all__ = ["Lockstep", "Point", "is_joint", "mark_joint", "raise_record"]
 
 _FIRST_WAIT = 2.0  # seconds before a waiting rank asks where the others are
 _NEXT_WAIT = 1.0  # between two looks: a rank is stuck only if it has not moved in between
@@ -114,8 +114,7 @@ class Lockstep:
     def fail_jointly(self, error: errors.CrossRankError) -> NoReturn:
         """Raise ``error``, which every rank raises at this same point (nothing to unblock)."""
         self._before_error()
-        error._joint = True
-        raise error
+        raise mark_joint(error)
 
     def fail_alone(self, error: BaseException) -> NoReturn:
         """Report ``error`` to every rank (their watchdogs release them), then raise it here."""
@@ -177,6 +176,20 @@ class Lockstep:
         return locations
 
 
+_JOINT = "_lightning_ext_joint"
+
+
+def mark_joint(error: BaseException) -> BaseException:
+    """Mark ``error`` as raised by every rank at the same point (so no rank needs to hear of it, or be released)."""
+    error.__dict__[_JOINT] = True
+    return error
+
+
+def is_joint(error: BaseException) -> bool:
+    """Whether ``error`` was marked by :func:`mark_joint`."""
+    return bool(error.__dict__.get(_JOINT, False))
+
+
 def record_of(error: BaseException, rank: int, *, joint: bool) -> ErrorRecord:
     """The board entry for ``error`` raised on ``rank``."""
     if isinstance(error, errors.CrossRankError):
@@ -189,9 +202,7 @@ def record_of(error: BaseException, rank: int, *, joint: bool) -> ErrorRecord:
 def raise_record(record: ErrorRecord, cause: BaseException | None = None) -> NoReturn:
     """Raise the error a board entry describes (same class, same message, on whichever rank reads it)."""
     cls = getattr(errors, record.cls, errors.RankFailedError)
-    error = cls(record.message)
-    error._joint = True  # this rank raises what every rank raises
-    raise error from cause
+    raise mark_joint(cls(record.message)) from cause
 
 
 def divergence_error(points: list[Point]) -> errors.CrossRankError:

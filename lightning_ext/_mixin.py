@@ -17,7 +17,8 @@ from typing_extensions import override
 
 from lightning_ext import _collective, _decisions, _local_values, _runtime
 from lightning_ext._collective import RankGroup, all_gather_objects
-from lightning_ext._hang_guard import HangChecks, HangGuard, UnevenMode, mark_joint, validate_options
+from lightning_ext._hang_guard import HangChecks, HangGuard, UnevenMode, validate_options
+from lightning_ext._lockstep import mark_joint
 from lightning_ext._rank_logger import RankCSVLogger, loggers_for
 from lightning_ext.errors import PolicyMismatchError
 from lightning_ext.policies import DecisionPolicy, PolicyLike, resolve_policy

@@ -19,8 +19,6 @@ __all__ = [
 class CrossRankError(RuntimeError):
     """Base class: raised with the same message on every rank at the same point of the run."""
 
-    _joint = False  # set on errors that every rank raises together (no rank is left blocked)
-
 
 class MonitorMissingError(CrossRankError):
     """The monitored metric was logged on some ranks but not on others."""
