@@ -8,15 +8,18 @@ locally with its ``_computed`` cache set aside and restored, so the synced value
 monitor is untouched.
 
 When a row is about to be logged, :func:`local_values_for` pairs each of its keys with the result metric it came
-from, by the same forked names Lightning builds, and reads that metric's local value. Nothing here communicates.
+from, by the same forked names Lightning builds, and reads that metric's local value where it differs from the
+logged one. What each result metric needs is worked out once and cached on it (its metadata cannot change: Lightning
+refuses a second ``self.log`` of the same name with other arguments). Nothing here communicates.
 
 Capture is off unless a strategy turned it on with :func:`start_capture`, so stock runs pay one flag check per
-``self.log`` call.
+``self.log`` call. A failure while capturing switches capture off and is kept for the per-rank logger
+(:func:`capture_error`), which reports it once; it never reaches the training step.
 """
 
 import sys
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from lightning.pytorch.trainer.connectors.logger_connector import result as _result
 from lightning.pytorch.trainer.connectors.logger_connector.result import _ResultCollection, _ResultMetric
@@ -25,6 +28,7 @@ from torch import Tensor
 __all__ = [
     "OMITTED",
     "capture_active",
+    "capture_error",
     "local_value",
     "local_values_for",
     "record_update",
@@ -34,7 +38,10 @@ __all__ = [
 
 _LOCAL_STEP = "_lightning_ext_local_step"
 _LOCAL_COUNT = "_lightning_ext_local_batch_count"
+_PLAN = "_lightning_ext_capture_plan"
+_ROLE = "_lightning_ext_row_role"
 _RECORDER = "_local_value_recorder"  # the module-level hook of a patched result.py
+_STEP_VALUE, _BATCH_COUNT = 1, 2
 
 
 class _Omitted:
@@ -51,14 +58,24 @@ OMITTED = _Omitted()
 class _Capture:
     active: bool = False
     rank: int = 0
+    error: Exception | None = None
 
 
 _CAPTURE = _Capture()
 
 
+class _Role(NamedTuple):
+    """How a result metric appears in logged rows: its key in step and epoch rows (``None``: not in them)."""
+
+    step_key: str | None
+    epoch_key: str | None
+    local_differs: bool  # the logged value is synced (or a Metric's own compute syncs): read the local one
+    rank_zero_only: bool
+
+
 def start_capture(rank: int) -> None:
     """Record local values from now on (called on every rank by the strategy when per-rank metrics are on)."""
-    _CAPTURE.active, _CAPTURE.rank = True, rank
+    _CAPTURE.active, _CAPTURE.rank, _CAPTURE.error = True, rank, None
     setattr(_result, _RECORDER, sys.modules[__name__])  # read by a patched Lightning (patches/ 0003)
 
 
@@ -73,21 +90,41 @@ def capture_active() -> bool:
     return _CAPTURE.active
 
 
+def capture_error() -> Exception | None:
+    """The error that switched capture off, if one did (since the last :func:`start_capture`)."""
+    return _CAPTURE.error
+
+
 def record_update(result_metric: _ResultMetric, value: Any) -> None:
     """After ``_ResultMetric.forward``: keep this rank's step value and batch count (the seam calls this).
 
     Only a synced value needs it: without a sync, Lightning's own step cache is a local copy, and nothing touches
-    the batch count.
+    the batch count. Never raises: a failure switches capture off (see :func:`capture_error`).
     """
-    if not (_CAPTURE.active and result_metric.is_tensor and isinstance(value, Tensor)):
+    if not _CAPTURE.active:
         return
+    state = result_metric.__dict__
+    plan = state.get(_PLAN)
+    try:
+        if plan is None:
+            plan = state[_PLAN] = _capture_plan(result_metric)
+        if plan & _STEP_VALUE and isinstance(value, Tensor):
+            state[_LOCAL_STEP] = value.detach().clone()  # update() synced its own copy, not this one
+        if plan & _BATCH_COUNT:
+            state[_LOCAL_COUNT] = result_metric.cumulated_batch_size.clone()
+    except Exception as error:  # a diagnostic must not end the training step
+        _CAPTURE.error = error
+        stop_capture()
+
+
+def _capture_plan(result_metric: _ResultMetric) -> int:
     meta = result_metric.meta
-    if not meta.sync.should or meta.sync.rank_zero_only:
-        return
-    if meta.on_step:
-        result_metric.__dict__[_LOCAL_STEP] = value.detach().clone()  # update() synced its own copy, not this one
+    if not result_metric.is_tensor or not meta.sync.should or meta.sync.rank_zero_only:
+        return 0
+    plan = _STEP_VALUE if meta.on_step else 0
     if meta.is_mean_reduction and meta.on_epoch:
-        result_metric.__dict__[_LOCAL_COUNT] = result_metric.cumulated_batch_size.clone()
+        plan |= _BATCH_COUNT
+    return plan
 
 
 def local_value(result_metric: _ResultMetric, on_step: bool) -> Tensor | None:
@@ -123,24 +160,34 @@ def _local_metric_compute(metric: Any) -> Tensor | None:
 
 
 def local_values_for(results: _ResultCollection, on_step: bool, logged: dict[str, Any]) -> dict[str, Any]:
-    """This rank's own value of each entry of a ``log`` dict about to be logged, by key.
+    """This rank's own value of each entry of a ``log`` dict about to be logged, where it differs, by key.
 
     ``logged`` was built by ``results.metrics(on_step)`` (possibly merged across dataloaders, as evaluation does), so
-    each key is the forked name of one of ``results``' metrics: the same names are recomputed here, once per logged
-    row. A ``rank_zero_only=True`` value on another rank maps to :data:`OMITTED`.
+    each key is the forked name of one of ``results``' metrics: the same names are worked out here (once per result
+    metric, then cached). Keys whose logged value is already this rank's own (not synced) are left out: the caller
+    keeps the logged value. A ``rank_zero_only=True`` value on another rank maps to :data:`OMITTED`.
     """
     found: dict[str, Any] = {}
     for result_metric in results.values():
-        meta = result_metric.meta
-        if result_metric.has_reset or not meta.logger or not (meta.on_step if on_step else meta.on_epoch):
-            continue  # the same selection as _ResultCollection.metrics / _get_cache
-        _, forked_name = results._forked_name(result_metric, on_step)
-        if forked_name not in logged:
+        role: _Role | None = result_metric.__dict__.get(_ROLE)
+        if role is None:
+            role = result_metric.__dict__[_ROLE] = _row_role(results, result_metric)
+        key = role.step_key if on_step else role.epoch_key
+        # the same selection as _ResultCollection.metrics / _get_cache
+        if key is None or key not in logged or result_metric.has_reset:
             continue
-        if meta.sync.rank_zero_only and _CAPTURE.rank != 0:
-            found[forked_name] = OMITTED
-        else:
+        if role.rank_zero_only and _CAPTURE.rank != 0:
+            found[key] = OMITTED
+        elif role.local_differs:
             local = local_value(result_metric, on_step)
             if local is not None:
-                found[forked_name] = local
+                found[key] = local
     return found
+
+
+def _row_role(results: _ResultCollection, result_metric: _ResultMetric) -> _Role:
+    meta = result_metric.meta
+    step_key = results._forked_name(result_metric, True)[1] if meta.logger and meta.on_step else None
+    epoch_key = results._forked_name(result_metric, False)[1] if meta.logger and meta.on_epoch else None
+    synced = meta.sync.should and not meta.sync.rank_zero_only
+    return _Role(step_key, epoch_key, synced or not result_metric.is_tensor, meta.sync.rank_zero_only)
