@@ -34,6 +34,7 @@ import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import TracebackType
+from typing import Any
 
 import pandas as pd
 
@@ -302,9 +303,10 @@ def read_rank_metrics(log_dir: StrPath, *, filename: str = DEFAULT_FILENAME) -> 
     """
     check_template(filename)
     found = list_rank_files(os.fspath(log_dir), filename)
-    for rank, reason in _incomplete(found).items():
-        where = found.shown(found.files.get(rank, found.markers[rank]))
-        warnings.warn(f"rank {rank}: {where} is incomplete: {reason}", RankMetricsWarning, stacklevel=2)
+    for rank, record in _markers(found).items():
+        where = found.shown(found.files[rank]) if rank in found.files else record.get("file", found.markers[rank])
+        message = f"rank {rank}: {where} is incomplete: {describe(record)} (marker: {found.shown(found.markers[rank])})"
+        warnings.warn(message, RankMetricsWarning, stacklevel=2)
     if not found.ranks:
         raise FileNotFoundError(f"No {filename.replace('{rank}', '<r>')} was found under {os.fspath(log_dir)}")
     frames = []
@@ -331,14 +333,13 @@ def incomplete_ranks(log_dir: StrPath, *, filename: str = DEFAULT_FILENAME) -> d
 
     """
     check_template(filename)
-    return _incomplete(list_rank_files(os.fspath(log_dir), filename))
+    return {rank: describe(record) for rank, record in _markers(list_rank_files(os.fspath(log_dir), filename)).items()}
 
 
-def _incomplete(found: RankFiles) -> dict[int, str]:
-    reasons = {}
-    for rank, path in sorted(found.markers.items()):
-        reasons[rank] = describe(parse_marker(found.fs.cat_file(path), found.shown(path)))
-    return reasons
+def _markers(found: RankFiles) -> dict[int, dict[str, Any]]:
+    return {
+        rank: parse_marker(found.fs.cat_file(path), found.shown(path)) for rank, path in sorted(found.markers.items())
+    }
 
 
 def _read_rank(found: RankFiles, rank: int) -> pd.DataFrame:

@@ -21,7 +21,7 @@ TRICKY_NAMES = ["loss", "a,b", 'say "hi"', "two\nlines", "cr\rlf\r\n", "ünïcø
 NAMES = st.one_of(
     st.sampled_from(TRICKY_NAMES),
     st.text(st.characters(exclude_categories=("Cs",), exclude_characters="\0"), min_size=1, max_size=8).filter(
-        lambda name: name not in ("step", "rank", "epoch")
+        lambda name: name not in ("step", "rank", "epoch") and not name.startswith("metric:")
     ),
 )
 VALUES = st.one_of(
@@ -270,3 +270,18 @@ def test_missing_or_empty_directory(tmp_path):
     (tmp_path / "rank_x" / "metrics.csv").write_bytes(b"loss,step\r\n")
     with pytest.raises(FileNotFoundError, match=re.escape("No rank_<r>/metrics.csv was found")):
         read_rank_metrics(tmp_path)
+
+
+def test_reserved_names_are_written_under_their_own_columns_and_read_back(tmp_path):
+    path = Path(rank_metrics_path(tmp_path, 0))
+    with RankMetricsWriter(path) as writer:
+        writer.log_metrics({"rank": 3.0, "step": 7, "metric:x": 1.0, "loss": 0.5}, step=2)
+        writer.log_metrics({"rank": 4.0}, step=3)
+    assert path.read_bytes() == (
+        b"loss,metric:metric:x,metric:rank,metric:step,step\r\n0.5,1.0,3.0,7,2\r\n,,4.0,,3\r\n"
+    )
+    table = read_rank_metrics(tmp_path)
+    assert list(table.columns) == ["rank", "step", "epoch", "loss", "metric:metric:x", "metric:rank", "metric:step"]
+    assert table["rank"].tolist() == [0, 0] and table["step"].tolist() == [2, 3]  # the reader's own columns
+    assert table["metric:rank"].tolist() == [3.0, 4.0] and table["metric:step"].tolist()[0] == 7.0
+    assert list(pd.read_csv(path).columns) == ["loss", "metric:metric:x", "metric:rank", "metric:step", "step"]
