@@ -10,7 +10,9 @@ monitor is untouched.
 When a row is about to be logged, :func:`local_values_for` pairs each of its keys with the result metric it came
 from, by the same forked names Lightning builds, and reads that metric's local value where it differs from the
 logged one. What each result metric needs is worked out once and cached on it (its metadata cannot change: Lightning
-refuses a second ``self.log`` of the same name with other arguments). Nothing here communicates.
+refuses a second ``self.log`` of the same name with other arguments). All of it sits in one plain object in the
+result metric's ``__dict__``, which ``_ResultMetric.to`` (called on every ``self.log``) passes over as it is, where
+a tensor or a tuple there would be moved or rebuilt each time. Nothing here communicates.
 
 Capture is off unless a strategy turned it on with :func:`start_capture`, so stock runs pay one flag check per
 ``self.log`` call. A failure while capturing switches capture off and is kept for the per-rank logger
@@ -19,7 +21,7 @@ Capture is off unless a strategy turned it on with :func:`start_capture`, so sto
 
 import sys
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 from lightning.pytorch.trainer.connectors.logger_connector import result as _result
 from lightning.pytorch.trainer.connectors.logger_connector.result import _ResultCollection, _ResultMetric
@@ -36,10 +38,7 @@ __all__ = [
     "stop_capture",
 ]
 
-_LOCAL_STEP = "_lightning_ext_local_step"
-_LOCAL_COUNT = "_lightning_ext_local_batch_count"
-_PLAN = "_lightning_ext_capture_plan"
-_ROLE = "_lightning_ext_row_role"
+_LOCAL = "_lightning_ext_local"
 _RECORDER = "_local_value_recorder"  # the module-level hook of a patched result.py
 _STEP_VALUE, _BATCH_COUNT = 1, 2
 
@@ -64,13 +63,27 @@ class _Capture:
 _CAPTURE = _Capture()
 
 
-class _Role(NamedTuple):
+class _Local:
+    """What this module keeps on one result metric (a plain class: ``apply_to_collection`` leaves it alone)."""
+
+    __slots__ = ("count", "plan", "role", "step")
+
+    def __init__(self, plan: int) -> None:
+        self.plan = plan  # which of _STEP_VALUE / _BATCH_COUNT to record after each update
+        self.step: Tensor | None = None  # the last step value, as logged, before its sync
+        self.count: Tensor | None = None  # the batch-size count of a mean, before compute() syncs it in place
+        self.role: _Role | None = None
+
+
+class _Role:
     """How a result metric appears in logged rows: its key in step and epoch rows (``None``: not in them)."""
 
-    step_key: str | None
-    epoch_key: str | None
-    local_differs: bool  # the logged value is synced (or a Metric's own compute syncs): read the local one
-    rank_zero_only: bool
+    __slots__ = ("epoch_key", "local_differs", "rank_zero_only", "step_key")
+
+    def __init__(self, step_key: str | None, epoch_key: str | None, local_differs: bool, rank_zero_only: bool) -> None:
+        self.step_key, self.epoch_key = step_key, epoch_key
+        self.local_differs = local_differs  # the logged value is synced (or a Metric's own compute syncs)
+        self.rank_zero_only = rank_zero_only
 
 
 def start_capture(rank: int) -> None:
@@ -103,15 +116,15 @@ def record_update(result_metric: _ResultMetric, value: Any) -> None:
     """
     if not _CAPTURE.active:
         return
-    state = result_metric.__dict__
-    plan = state.get(_PLAN)
     try:
-        if plan is None:
-            plan = state[_PLAN] = _capture_plan(result_metric)
+        local: _Local | None = result_metric.__dict__.get(_LOCAL)
+        if local is None:
+            local = result_metric.__dict__[_LOCAL] = _Local(_capture_plan(result_metric))
+        plan = local.plan
         if plan & _STEP_VALUE and isinstance(value, Tensor):
-            state[_LOCAL_STEP] = value.detach().clone()  # update() synced its own copy, not this one
+            local.step = value.detach().clone()  # update() synced its own copy, not this one
         if plan & _BATCH_COUNT:
-            state[_LOCAL_COUNT] = result_metric.cumulated_batch_size.clone()
+            local.count = result_metric.cumulated_batch_size.clone()
     except Exception as error:  # a diagnostic must not end the training step
         _CAPTURE.error = error
         stop_capture()
@@ -132,17 +145,17 @@ def local_value(result_metric: _ResultMetric, on_step: bool) -> Tensor | None:
 
     Mean is weighted by batch size, as Lightning does; sum, min and max reduce this rank's values only.
     """
+    kept: _Local | None = result_metric.__dict__.get(_LOCAL)
     if on_step:
-        local: Tensor | None = result_metric.__dict__.get(_LOCAL_STEP)
-        if local is not None and result_metric.is_tensor:
-            return local
+        if kept is not None and kept.step is not None and result_metric.is_tensor:
+            return kept.step
         # not synced: Lightning's step cache holds this rank's value; a Metric's forward() value is its own
         cache: Tensor | None = result_metric._forward_cache
         return cache
     if result_metric.is_tensor:
         value: Tensor = result_metric.value
         if result_metric.meta.is_mean_reduction:
-            count: Tensor = result_metric.__dict__.get(_LOCAL_COUNT, result_metric.cumulated_batch_size)
+            count = kept.count if kept is not None and kept.count is not None else result_metric.cumulated_batch_size
             return value / count
         return value
     return _local_metric_compute(result_metric.value)
@@ -169,9 +182,12 @@ def local_values_for(results: _ResultCollection, on_step: bool, logged: dict[str
     """
     found: dict[str, Any] = {}
     for result_metric in results.values():
-        role: _Role | None = result_metric.__dict__.get(_ROLE)
+        local: _Local | None = result_metric.__dict__.get(_LOCAL)
+        if local is None:
+            local = result_metric.__dict__[_LOCAL] = _Local(_capture_plan(result_metric))
+        role = local.role
         if role is None:
-            role = result_metric.__dict__[_ROLE] = _row_role(results, result_metric)
+            role = local.role = _row_role(results, result_metric)
         key = role.step_key if on_step else role.epoch_key
         # the same selection as _ResultCollection.metrics / _get_cache
         if key is None or key not in logged or result_metric.has_reset:
@@ -179,9 +195,9 @@ def local_values_for(results: _ResultCollection, on_step: bool, logged: dict[str
         if role.rank_zero_only and _CAPTURE.rank != 0:
             found[key] = OMITTED
         elif role.local_differs:
-            local = local_value(result_metric, on_step)
-            if local is not None:
-                found[key] = local
+            value = local_value(result_metric, on_step)
+            if value is not None:
+                found[key] = value
     return found
 
 

@@ -63,6 +63,8 @@ class RankCSVLogger(Logger):
         self._path = join(log_dir, self._options.filename.replace("{rank}", str(rank)))
         self._writer: RankMetricsWriter | None = None
         self._stopped = self._path in _STOPPED_HERE
+        # trainer._results walks several properties; the collection it returns is fixed per (fn, stage): keep the last
+        self._results: tuple[Any, Any, Any] = (None, None, None)
         self.resume_from_step: int | None = None
         self.rows_logged = 0
 
@@ -131,10 +133,14 @@ class RankCSVLogger(Logger):
             if error is not None:
                 self._stop(error, "capturing a local value")
                 return
-            results = trainer._results
-            if results is None:
-                self._pending = _NOTHING
-                return
+            state = trainer.state
+            fn, stage, results = self._results
+            if state.fn is not fn or state.stage is not stage or results is None:
+                results = trainer._results
+                if results is None:
+                    self._pending = _NOTHING
+                    return
+                self._results = (state.fn, state.stage, results)
             on_step = trainer._logger_connector._first_loop_iter is not None  # as _LoggerConnector.metrics decides
             self._pending = local_values_for(results, on_step, metrics)
         except Exception as error:
