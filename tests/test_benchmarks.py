@@ -68,6 +68,20 @@ def test_smoke_run_writes_json_markdown_and_png(smoke: tuple[Path, subprocess.Co
     markdown = (out / "smoke.md").read_text(encoding="utf-8")
     assert "| gloo | cpu | 2 | `checkpoint/mean` |" in markdown and "## Targets" in markdown
     assert "training step vs stock" in process.stdout and "GPU part" in process.stdout
+    assert "**one per-rank row: " in process.stdout and "## Per-rank row cost" in markdown
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_smoke_reports_the_cost_of_one_per_rank_row(smoke: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
+    document = _document(smoke[0])
+    (cost,) = document["per_rank_cost"]
+    assert cost["session"] == "gloo/cpu W=2" and cost["repeats"] == 1 and cost["rows"] == 60  # 10 x 6 steps
+    for figure in ("row_cpu_us", "row_wall_us", "step_cpu_us"):
+        spread = cost[figure]
+        assert spread["low"] <= spread["median"] <= spread["high"], figure
+    # measured, not assumed: a row costs something, and far less than a whole training step
+    assert 0 < cost["row_cpu_us"]["median"] < cost["stock_step_cpu_us"]
 
 
 @pytest.mark.slow
