@@ -61,7 +61,7 @@ def list_rank_files(log_dir: str, filename: str) -> RankFiles:
     if "/" in filename:
         flat_prefix, flat_suffix = prefix.replace("/", "_"), suffix.replace("/", "_")
         flat = re.compile(re.escape(flat_prefix) + _RANK + re.escape(flat_suffix + SUFFIX))
-        patterns.append(f"{base}/{glob_escape(flat_prefix)}*{glob_escape(flat_suffix + SUFFIX)}")
+        patterns.append(f"{glob_escape(base)}/{glob_escape(flat_prefix)}*{glob_escape(flat_suffix + SUFFIX)}")
     fallbacks: dict[int, str] = {}
     listed = {path: info for pattern in patterns for path, info in fs.glob(pattern, detail=True).items()}
     for path in sorted(listed):
@@ -85,4 +85,4 @@ def list_rank_files(log_dir: str, filename: str) -> RankFiles:
 
 
 def _pattern(base: str, prefix: str, suffix: str) -> str:
-    return f"{base}/{glob_escape(prefix)}*" + (f"{glob_escape(suffix)}*" if suffix else "")
+    return f"{glob_escape(base)}/{glob_escape(prefix)}*" + (f"{glob_escape(suffix)}*" if suffix else "")

@@ -285,3 +285,13 @@ def test_reserved_names_are_written_under_their_own_columns_and_read_back(tmp_pa
     assert table["rank"].tolist() == [0, 0] and table["step"].tolist() == [2, 3]  # the reader's own columns
     assert table["metric:rank"].tolist() == [3.0, 4.0] and table["metric:step"].tolist()[0] == 7.0
     assert list(pd.read_csv(path).columns) == ["loss", "metric:metric:x", "metric:rank", "metric:step", "step"]
+
+
+@pytest.mark.parametrize("name", ["run [1]", "a*b?c", "{x}"])
+def test_log_directories_with_glob_characters(tmp_path, name):
+    log_dir = tmp_path / name
+    for rank in (0, 1):
+        with RankMetricsWriter.for_rank(log_dir, rank, flush_every_n_rows=1) as writer:
+            writer.log_metrics({"loss": float(rank)}, step=0)
+    (tmp_path / "run 1").mkdir()  # what "run [1]" would match as a pattern
+    assert read_rank_metrics(log_dir)["loss"].tolist() == [0.0, 1.0]
