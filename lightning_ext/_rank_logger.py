@@ -152,6 +152,7 @@ class RankCSVLogger(Logger):
         if self._stopped:
             return
         pending, self._pending = self._pending, _NOTHING
+        doing = "reading the local values"
         try:
             row = metrics
             if pending:
@@ -164,11 +165,15 @@ class RankCSVLogger(Logger):
                             row[key] = local.item() if isinstance(local, Tensor) else local
             if step is None:
                 raise ValueError("RankCSVLogger needs the step of every row (the trainer always passes it)")
-            writer = self._writer if self._writer is not None else self.experiment
+            writer = self._writer
+            if writer is None:
+                doing = "opening the file"
+                writer = self.experiment
+            doing = "writing a row"
             writer.log_metrics(row, step)
             self.rows_logged += 1
         except Exception as error:
-            self._stop(error, "writing a row")
+            self._stop(error, doing)
 
     @override
     def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:

@@ -85,6 +85,7 @@ def test_a_file_where_the_rank_directory_should_be(rank_pools: Any, tmp_path: Pa
     results = run(rank_pools(WORLD), tmp_path, fault="dir_is_file")
     # the marker cannot go beside the file: it goes in the log directory
     check_isolated(results, "FileExistsError", 0, "rank_1_metrics.csv.incomplete")
+    assert "(while opening the file)" in results[1]["warnings"][0]
     assert not (Path(results[1]["log_dir"]) / "rank_1").is_dir()
 
 

@@ -119,3 +119,33 @@ def test_a_marker_from_an_earlier_run_follows_its_file(tmp_path, resume, kept):
     assert rotated.exists() == (kept == "moved")
     if kept == "moved":
         assert json.loads(rotated.read_text())["last_step"] == 5
+
+
+class _BrokenResultMetric:
+    """Stands in for a ``_ResultMetric`` whose metadata cannot be read (a capture failure, in one process)."""
+
+    is_tensor = True
+
+    @property
+    def meta(self) -> object:
+        raise RuntimeError("metadata unavailable")
+
+
+def test_a_capture_failure_never_reaches_the_step_and_is_reported_once(tmp_path, monkeypatch):
+    from lightning_ext import _local_values
+
+    monkeypatch.setattr(_local_values, "_CAPTURE", _local_values._Capture())  # this test's own capture state
+    _local_values.start_capture(rank=1)
+    _local_values.record_update(_BrokenResultMetric(), value=None)  # inside Lightning's forward: must not raise
+    assert not _local_values.capture_active()
+    assert str(_local_values.capture_error()) == "metadata unavailable"
+    logger = RankCSVLogger(str(tmp_path), 1)
+    with pytest.warns(RankMetricsWarning, match=r"stopped: RuntimeError: metadata unavailable \(while capturing"):
+        logger.expect(trainer=None, metrics={})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        logger.expect(trainer=None, metrics={})  # stopped: nothing more
+        logger.log_metrics({"loss": 1.0}, step=0)
+        logger.close()
+    assert json.loads((tmp_path / "rank_1" / "metrics.csv.incomplete").read_text())["rows_written"] == 0
+    _local_values.stop_capture()
