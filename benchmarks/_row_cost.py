@@ -60,7 +60,8 @@ def row_costs(results: list[SessionResult]) -> list[RowCost]:
         step_medians = {
             config: [statistics.median(fit) for fit in fits] for config, fits in training.step_cpu_ns.items()
         }
-        step_cpu = [(ours - stock) / 1000 for ours, stock in zip(*step_medians.values(), strict=True)]
+        pairs = zip(step_medians["per_rank_metrics"], step_medians["stock"], strict=True)  # repeat by repeat
+        step_cpu = [(ours - stock) / 1000 for ours, stock in pairs]
         costs.append(
             RowCost(
                 session=result.spec.label,
