@@ -1,7 +1,7 @@
 """Finding every rank's file, its parts and its incomplete-marker under a log directory, on any fsspec filesystem.
 
 One listing (a glob) finds them all: for the template ``rank_{rank}/metrics.csv``, ``rank_<r>/metrics.csv`` (the
-file), ``rank_<r>/metrics.csv.part-<token>-<n>`` (parts on object stores, see :mod:`lightning_ext._rank_storage`),
+file), ``rank_<r>/metrics.csv.part-<token>-<n>`` (parts on object stores, see :mod:`lightning_ext._parted_file`),
 ``rank_<r>/metrics.csv.incomplete`` and ``rank_<r>_metrics.csv.incomplete`` (markers, see
 :mod:`lightning_ext._incomplete`). A rank is spelled as Python writes an int: ``rank_01`` is not rank 1's.
 """

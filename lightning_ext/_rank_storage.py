@@ -1,12 +1,10 @@
-"""Where a per-rank metrics file lives: a local file written durably, or part objects on an fsspec filesystem.
+"""Where a per-rank metrics file lives (a path or an fsspec URL), and the local file written durably.
 
 :class:`LocalFile` (a plain path or a ``file://`` URL) appends each flush with one ``os.write`` on an ``O_APPEND``
 descriptor and rewrites the file atomically (temporary file, ``fsync``, rename) when the header grows; see
-:mod:`lightning_ext._durable`. Other filesystems (``s3://``, ``gs://``, ``memory://``, ...) may have no append, rename
-or ``fsync``; there :class:`PartedFile` writes each flush as a new, complete CSV object next to the file,
-``<file>.part-<token>-<n>``, and :meth:`PartedFile.close` merges them into ``<file>`` (one read of the parts, one write)
-and deletes them. ``<token>`` is a digest of the file's bytes when the parts were started, so that parts already merged
-into the file are never counted twice: a reader takes the file plus the parts whose token matches it.
+:mod:`lightning_ext._durable`. Other filesystems get :class:`lightning_ext._parted_file.PartedFile`. A storage has
+``start`` (rotate or resume what is there), ``write`` (one flush), ``settle`` (make the last rename durable, once the
+writer counted the rows), ``close`` and ``discard``.
 
 Example:
     >>> join("s3://bucket/logs", "rank_0/metrics.csv")
@@ -17,7 +15,6 @@ Example:
 """
 
 import contextlib
-import hashlib
 import os
 import posixpath
 import re
@@ -51,19 +48,18 @@ from lightning_ext._metrics_csv import (
 
 __all__ = [
     "LocalFile",
-    "PartedFile",
+    "Row",
     "Start",
+    "free_name",
     "glob_escape",
     "join",
-    "open_storage",
-    "part_pattern",
-    "read_chunks",
+    "records",
     "split_location",
+    "warn_repaired",
     "write_whole",
 ]
 
 Row = Mapping[str, Cell]
-_PART = re.compile(r"\.part-([0-9a-f]{16})-([0-9]+)$")
 
 
 @dataclass(frozen=True)
@@ -96,11 +92,6 @@ def glob_escape(text: str) -> str:
     return re.sub(r"([*?[])", r"[\1]", text)
 
 
-def part_pattern() -> re.Pattern[str]:
-    """The suffix of a part object's name: ``.part-<token>-<n>``."""
-    return _PART
-
-
 def write_whole(location: str, data: bytes) -> None:
     """Make ``data`` the whole content of ``location``: atomically on a local disk, one object write elsewhere."""
     fs, path, local = split_location(location)
@@ -111,14 +102,6 @@ def write_whole(location: str, data: bytes) -> None:
     else:
         fs.makedirs(posixpath.dirname(path), exist_ok=True)
         fs.pipe_file(path, data)
-
-
-def open_storage(location: str | os.PathLike[str]) -> "LocalFile | PartedFile":
-    """The storage for a per-rank file at ``location``."""
-    fs, path, local = split_location(location)
-    if local:
-        return LocalFile(path)
-    return PartedFile(fs, path, fs.unstrip_protocol(path))
 
 
 class LocalFile:
@@ -139,7 +122,7 @@ class LocalFile:
         if not os.path.lexists(self._path):
             return Start([], 0, None)
         if resume_from_step is None:
-            rotated = _free_name(self._path, os.path.lexists)
+            rotated = free_name(self._path, os.path.lexists)
             os.rename(self._path, rotated)
             fsync_directory(directory)
             return Start([], 0, rotated)
@@ -147,7 +130,7 @@ class LocalFile:
             data = handle.read()
         complete = complete_prefix_length(data)
         if complete < len(data):
-            _warn_repaired(self.where)
+            warn_repaired(self.where)
             self._fd = open_for_append(self._path)
             os.ftruncate(self._fd, complete)
             os.fsync(self._fd)
@@ -166,7 +149,7 @@ class LocalFile:
             existing: list[dict[str, str]] = []
             if self._has_header:
                 with open(self._path, "rb") as handle:
-                    existing = _records(handle.read(), self.where)[1]
+                    existing = records(handle.read(), self.where)[1]
             self._replace(encode_rows(fieldnames, [*existing, *rows], header=True))
             self._has_header = True
             self._renamed = True
@@ -215,115 +198,8 @@ class LocalFile:
         self._size = len(data)
 
 
-class PartedFile:
-    """A file on a filesystem without append or rename: one new part object per flush, merged on close."""
-
-    def __init__(self, fs: AbstractFileSystem, path: str, where: str) -> None:
-        self.where = where
-        self._fs = fs
-        self._path = path
-        self._token = _token(b"")
-        self._parts = 0
-
-    def start(self, resume_from_step: int | None) -> Start:
-        """Merge what an earlier run left (file and parts) into the file, or into ``<file>.<n>`` for a new run."""
-        fs = self._fs
-        fs.makedirs(posixpath.dirname(self._path), exist_ok=True)
-        base, parts = _base_and_parts(fs, self._path)
-        stale = _all_parts(fs, self._path)
-        if base is None and not parts:
-            _remove(fs, stale)
-            return Start([], 0, None)
-        if resume_from_step is None:
-            rotated = _free_name(self._path, fs.exists)
-            header, rows = self._merged(base, parts)
-            fs.pipe_file(rotated, encode_rows(header, rows, header=True))
-            _remove(fs, [*stale, self._path])
-            return Start([], 0, fs.unstrip_protocol(rotated))
-        header, rows = self._merged(base, parts)
-        kept = [row for row in rows if whole_number(row[STEP], self.where, 0, STEP) <= resume_from_step]
-        data = encode_rows(header, kept, header=True) if header else b""
-        if data != base:
-            fs.pipe_file(self._path, data)
-        _remove(fs, stale)
-        self._token = _token(data)
-        return Start(header, len(kept), None)
-
-    def write(self, fieldnames: Sequence[str], rows: Sequence[Row], *, new_header: bool) -> None:
-        """Write ``rows`` under ``fieldnames`` as the next part (a complete CSV object)."""
-        name = f"{self._path}.part-{self._token}-{self._parts + 1:08d}"
-        try:
-            self._fs.pipe_file(name, encode_rows(fieldnames, rows, header=True))
-        except BaseException:
-            with contextlib.suppress(Exception):
-                self._fs.rm(name)
-            raise
-        self._parts += 1
-
-    def close(self) -> None:
-        """Merge the parts into the file, then delete them."""
-        if not self._parts:
-            return
-        base, parts = _base_and_parts(self._fs, self._path)
-        header, rows = self._merged(base, parts)
-        data = encode_rows(header, rows, header=True)
-        self._fs.pipe_file(self._path, data)  # the token changes with the content: the parts are now stale
-        self._token, self._parts = _token(data), 0
-        _remove(self._fs, [path for path, _ in parts])
-
-    def settle(self) -> None:
-        """Nothing to make durable: every part is a complete object once written."""
-
-    def discard(self) -> None:
-        """Nothing is held open."""
-
-    def _merged(self, base: bytes | None, parts: list[tuple[str, bytes]]) -> tuple[list[str], list[dict[str, str]]]:
-        header: list[str] = []
-        rows: list[dict[str, str]] = []
-        chunks = ([(self.where, base)] if base is not None else []) + [
-            (self._fs.unstrip_protocol(path), data) for path, data in parts
-        ]
-        for where, data in chunks:
-            complete = complete_prefix_length(data)
-            if complete < len(data):
-                _warn_repaired(where)
-            names, records = _records(data[:complete], where)
-            header = sorted(set(header).union(names))
-            rows += records
-        return header, rows
-
-
-def read_chunks(fs: AbstractFileSystem, path: str, parts: list[str]) -> list[tuple[str, bytes]]:
-    """The bytes of a per-rank file and of those of its ``parts`` that extend it, in order, each with its path."""
-    base, current = _base_and_parts(fs, path, parts)
-    return ([(path, base)] if base is not None else []) + current
-
-
-def _base_and_parts(
-    fs: AbstractFileSystem, path: str, parts: list[str] | None = None
-) -> tuple[bytes | None, list[tuple[str, bytes]]]:
-    try:
-        base: bytes | None = fs.cat_file(path)
-    except FileNotFoundError:
-        base = None
-    token = _token(base or b"")
-    names = _all_parts(fs, path) if parts is None else parts
-    numbered = sorted((number, name) for name in names for mark, number in [_part_key(name)] if mark == token)
-    return base, [(name, fs.cat_file(name)) for _, name in numbered]
-
-
-def _part_key(name: str) -> tuple[str, int]:
-    match = _PART.search(name)
-    return ("", 0) if match is None else (match[1], int(match[2]))
-
-
-def _all_parts(fs: AbstractFileSystem, path: str) -> list[str]:
-    found: list[str] = fs.glob(glob_escape(path) + ".part-*")
-    prefix = path.rstrip("/").rsplit("/", 1)[-1] + ".part-"
-    return [name for name in found if name.rsplit("/", 1)[-1].startswith(prefix) and _PART.search(name)]
-
-
-def _records(data: bytes, where: str) -> tuple[list[str], list[dict[str, str]]]:
+def records(data: bytes, where: str) -> tuple[list[str], list[dict[str, str]]]:
+    """A file's (or part's) header and rows, each row a dict of its cells as written."""
     header, body, first_line = split_header(decode(data, where), where)
     if not header:
         return [], []
@@ -349,22 +225,14 @@ def _rows_up_to(data: bytes, where: str, last_step: int) -> tuple[list[str], lis
     return header, (None if len(kept) == len(records) else kept), len(records)
 
 
-def _token(data: bytes) -> str:
-    return hashlib.blake2b(data, digest_size=8).hexdigest()
-
-
-def _free_name(path: str, exists: Any) -> str:
+def free_name(path: str, exists: Any) -> str:
+    """``<path>.<n>``, the first ``n`` from 1 that ``exists`` says is free (where an old file is moved)."""
     number = 1
     while exists(rotated := f"{path}.{number}"):
         number += 1
     return rotated
 
 
-def _remove(fs: AbstractFileSystem, paths: list[str]) -> None:
-    for path in paths:
-        with contextlib.suppress(FileNotFoundError):
-            fs.rm_file(path)
-
-
-def _warn_repaired(where: str) -> None:
+def warn_repaired(where: str) -> None:
+    """Say that a torn last line was removed."""
     warnings.warn(f"{where}: removed an incomplete last line (a write cut short)", RankMetricsWarning, stacklevel=4)

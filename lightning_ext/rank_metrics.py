@@ -50,8 +50,9 @@ from lightning_ext._metrics_csv import (
     column_name,
     parse_chunk,
 )
+from lightning_ext._parted_file import PartedFile, read_chunks
 from lightning_ext._rank_listing import RankFiles, list_rank_files
-from lightning_ext._rank_storage import join, open_storage, read_chunks
+from lightning_ext._rank_storage import LocalFile, join, split_location
 
 __all__ = [
     "DEFAULT_FILENAME",
@@ -158,7 +159,8 @@ class RankMetricsWriter:
         self._buffer: list[dict[str, Cell]] = []
         self._columns: dict[str, str] = {}  # every metric name checked so far -> its column
         self._closed = False
-        self._storage = open_storage(self._path)
+        fs, where, local = split_location(self._path)
+        self._storage = LocalFile(where) if local else PartedFile(fs, where, fs.unstrip_protocol(where))
         start = self._storage.start(resume_from_step)
         self._fieldnames = start.fieldnames  # the header now in the file; empty while the file has none
         self._rows_written = start.rows
