@@ -128,21 +128,36 @@ def _fit(
 
 @contextmanager
 def _full_disk(log_dir: str, allowed: int = 2) -> Iterator[None]:
-    """``os.write`` to this rank's metrics file (or its temporary copy) fails with ENOSPC after ``allowed`` writes."""
-    real_write = os.write
+    """``os.write`` to this rank's metrics file (or its temporary copy) fails with ENOSPC after ``allowed`` writes.
+
+    The descriptors are recognised where they are opened (``os.open``), so nothing else this process writes is hit.
+    """
+    real_open, real_write, real_close = os.open, os.write, os.close
     target = re.compile(r"metrics\.csv|\.metrics\.csv\.[0-9]+\.tmp")
+    directory = os.path.abspath(log_dir)
+    watched: set[int] = set()
     seen = [0]
 
+    def open_(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+        fd = real_open(path, flags, *args, **kwargs)
+        full = os.path.abspath(os.fspath(path))
+        if full.startswith(directory) and target.fullmatch(os.path.basename(full)):
+            watched.add(fd)
+        return fd
+
     def write(fd: int, data: Any) -> int:
-        path = os.readlink(f"/proc/self/fd/{fd}")
-        if path.startswith(os.path.abspath(log_dir)) and target.fullmatch(os.path.basename(path)):
+        if fd in watched:
             seen[0] += 1
             if seen[0] > allowed:
-                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         return real_write(fd, data)
 
-    os.write = write
+    def close(fd: int) -> None:
+        watched.discard(fd)
+        real_close(fd)
+
+    os.open, os.write, os.close = open_, write, close
     try:
         yield
     finally:
-        os.write = real_write
+        os.open, os.write, os.close = real_open, real_write, real_close
