@@ -16,6 +16,7 @@ from typing import Any
 
 from benchmarks._decisions import decision_subjects
 from benchmarks._plan import SessionSpec
+from benchmarks._row_cost import RowCost, cost_lines
 from benchmarks._session import SessionResult
 
 __all__ = ["LATENCY_TARGET", "STEP_TARGET", "Row", "Target", "build_rows", "check_targets", "markdown", "write_json"]
@@ -154,9 +155,16 @@ def check_targets(rows: list[Row]) -> list[Target]:
     return targets
 
 
-def write_json(path: Path, rows: list[Row], targets: list[Target], metadata: dict[str, Any]) -> None:
-    """``{"metadata": ..., "rows": [...], "targets": [...]}``, indented."""
-    document = {"metadata": metadata, "rows": [asdict(r) for r in rows], "targets": [asdict(t) for t in targets]}
+def write_json(
+    path: Path, rows: list[Row], targets: list[Target], metadata: dict[str, Any], costs: list[RowCost]
+) -> None:
+    """``{"metadata": ..., "rows": [...], "targets": [...], "per_rank_cost": [...]}``, indented."""
+    document = {
+        "metadata": metadata,
+        "rows": [asdict(r) for r in rows],
+        "targets": [asdict(t) for t in targets],
+        "per_rank_cost": [asdict(c) for c in costs],
+    }
     path.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
 
 
@@ -181,8 +189,8 @@ def _names(counts: dict[str, float]) -> str:
     return ", ".join(f"{name} {n:g}" for name, n in counts.items()) or "none"
 
 
-def markdown(rows: list[Row], targets: list[Target], metadata: dict[str, Any]) -> str:
-    """The table of every row, its targets marked met or missed, then a summary and what was measured how."""
+def markdown(rows: list[Row], targets: list[Target], metadata: dict[str, Any], costs: list[RowCost]) -> str:
+    """The table of every row, its targets marked met or missed, the per-rank row's cost, then what was measured."""
     lines = [
         f"# Communication overhead: {metadata['machine']}",
         "",
@@ -203,6 +211,9 @@ def markdown(rows: list[Row], targets: list[Target], metadata: dict[str, Any]) -
             f"{row.p90_us:.1f} | {row.ratio_to_stock:.3f} | {row.collectives:g}/{per}"
             f" ({_names(row.collectives_by_name)}) | {_verdict(row, targets)} |"
         )
+    if costs:
+        ratios = {(f"{r.backend}/{r.device} W={r.world_size}", r.subject): r.ratio_to_stock for r in rows}
+        lines += ["", "## Per-rank row cost", "", *cost_lines(costs, ratios)]
     lines += ["", "## Targets", ""]
     for name in dict.fromkeys(t.name for t in targets):
         mine = [t for t in targets if t.name == name]

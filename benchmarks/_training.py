@@ -16,6 +16,15 @@ Each window is also timed in CPU time of the main thread (``time.thread_time_ns`
 that thread, and CPU time barely moves with the scheduling noise that the step's collectives pick up on a busy
 machine, so it shows the cost itself (reported beside the wall-time target, as a diagnostic).
 
+**The cost of one per-rank row.** Within each timed per-rank fit, at its last batch (outside every timed window),
+after the step's own ``self.log`` calls, the per-rank row path runs :data:`ROW_LOOPS_PER_STEP` ``x train_steps``
+times on the fit's real objects: for each row, ``record_update`` for both logged values (what the
+``_ResultMetric.forward`` seam adds to each ``self.log``), ``loggers_for`` (the logger connector's seam: pairs the
+row's keys with their local values), then the per-rank logger's ``log_metrics`` and ``save`` with the row Lightning
+builds for its loggers, the logging step advancing by one per row, so the writer flushes every 100 rows to the real
+file as in training. Lightning's own work (``self.log``, the row, the stock loggers) is not in the loop, so the time
+per row is lightning-ext's per-rank cost alone, without the noise of a step (the seams' few attribute lookups aside).
+
 One untimed fit per configuration first counts every ``torch.distributed`` call with
 :func:`lightning_ext._diagnostics.count_collectives`, window by window, so the count per logging step covers exactly
 the timed windows. Then the timed fits alternate ``repeats`` times (stock first on even repeats, per-rank first on odd
@@ -32,6 +41,7 @@ from typing import Any
 
 import lightning as L
 import torch
+from lightning.fabric.utilities.apply_func import convert_tensors_to_scalars
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.strategies import DDPStrategy
@@ -40,11 +50,14 @@ from torch.utils.data import DataLoader, TensorDataset
 from benchmarks._standins import stock_lightning
 from lightning_ext import PolicyDDPStrategy
 from lightning_ext._diagnostics import count_collectives
+from lightning_ext._local_values import record_update
+from lightning_ext._rank_logger import loggers_for
 
-__all__ = ["CONFIGS", "SKIP_STEPS", "TrainingResult", "run_training"]
+__all__ = ["CONFIGS", "ROW_LOOPS_PER_STEP", "SKIP_STEPS", "TrainingResult", "run_training"]
 
 CONFIGS = ("stock", "per_rank_metrics")
 SKIP_STEPS = 5
+ROW_LOOPS_PER_STEP = 10
 _BATCH = 32
 _FEATURES = 32
 
@@ -59,6 +72,9 @@ class TrainingResult:
         collectives_per_step: per configuration, ``torch.distributed`` calls per logging step, by name.
         fit_collectives: per configuration, every call of the whole counted fit (set-up included), by name.
         counted_steps: how many steps the counts per step were taken over.
+        row_loops: per-rank rows written by the row loop of each timed per-rank fit.
+        row_ns: each timed per-rank fit's row-loop time per row (nanoseconds), in repeat order.
+        row_cpu_ns: the same in CPU time of the main thread.
 
     """
 
@@ -67,22 +83,55 @@ class TrainingResult:
     collectives_per_step: dict[str, dict[str, float]] = field(default_factory=dict)
     fit_collectives: dict[str, dict[str, int]] = field(default_factory=dict)
     counted_steps: int = 0
+    row_loops: int = 0
+    row_ns: list[float] = field(default_factory=list)
+    row_cpu_ns: list[float] = field(default_factory=list)
 
 
 class _SmallModel(L.LightningModule):
-    """A two-layer regression; logs one synced and one un-synced metric every step."""
+    """A two-layer regression; logs one synced and one un-synced metric every step.
 
-    def __init__(self) -> None:
+    With ``row_loops``, the batch ``loop_at`` runs the per-rank row path that many times (see the module docstring)
+    and keeps the time it took in :attr:`loop_ns` and :attr:`loop_cpu_ns`.
+    """
+
+    def __init__(self, row_loops: int = 0, loop_at: int = -1) -> None:
         super().__init__()
         self.net = torch.nn.Sequential(torch.nn.Linear(_FEATURES, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+        self.row_loops, self.loop_at = row_loops, loop_at
+        self.loop_ns = self.loop_cpu_ns = 0
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         x, y = batch
         prediction = self.net(x)
         loss = torch.nn.functional.mse_loss(prediction, y)
+        mae = (prediction - y).abs().mean()
         self.log("train_loss", loss, on_step=True, on_epoch=False, sync_dist=True)
-        self.log("train_mae", (prediction - y).abs().mean(), on_step=True, on_epoch=False)
+        self.log("train_mae", mae, on_step=True, on_epoch=False)
+        if batch_idx == self.loop_at and self.row_loops:
+            self._row_loop(loss, mae)
         return loss
+
+    def _row_loop(self, loss: torch.Tensor, mae: torch.Tensor) -> None:
+        """Run the per-rank row path ``row_loops`` times on this fit's objects (see the module docstring)."""
+        trainer = self.trainer
+        results = trainer._results
+        strategy = trainer.strategy
+        rank_logger = strategy.rank_metrics_logger if isinstance(strategy, PolicyDDPStrategy) else None
+        if results is None or rank_logger is None:
+            raise RuntimeError("the row loop needs a fit with per-rank metrics")
+        metrics = trainer._logger_connector.metrics["log"]  # the row Lightning builds for its loggers
+        scalars = convert_tensors_to_scalars(metrics)
+        loss_metric, mae_metric = results["training_step.train_loss"], results["training_step.train_mae"]
+        step = trainer.fit_loop.epoch_loop._batches_that_stepped + 1_000_000  # after every real row
+        cpu, wall = thread_time_ns(), perf_counter_ns()
+        for row in range(self.row_loops):
+            record_update(loss_metric, loss)
+            record_update(mae_metric, mae)
+            loggers_for(trainer, metrics)
+            rank_logger.log_metrics(scalars, step + row)
+            rank_logger.save()
+        self.loop_ns, self.loop_cpu_ns = perf_counter_ns() - wall, thread_time_ns() - cpu
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=0.01)
@@ -121,7 +170,9 @@ def _loader(world_size: int, batches: int, seed: int) -> "DataLoader[Any]":
     return DataLoader(data, batch_size=_BATCH)  # Lightning adds a DistributedSampler: `batches` per rank
 
 
-def _fit(config: str, root: str, *, world_size: int, batches: int, seed: int, clock: _StepClock) -> None:
+def _fit(
+    config: str, root: str, *, world_size: int, batches: int, seed: int, clock: _StepClock, row_loops: int = 0
+) -> _SmallModel:
     strategy = DDPStrategy() if config == "stock" else PolicyDDPStrategy(per_rank_metrics=True)
     os.environ["WORLD_SIZE"] = str(world_size)  # LightningEnvironment.teardown removes it after every fit
     L.seed_everything(seed, verbose=False)
@@ -141,9 +192,12 @@ def _fit(config: str, root: str, *, world_size: int, batches: int, seed: int, cl
         limit_val_batches=0,
         default_root_dir=root,
     )
+    # the row loop runs at the last batch, after the last timed window
+    model = _SmallModel(row_loops if config == "per_rank_metrics" else 0, loop_at=batches - 1)
     context: AbstractContextManager[object] = stock_lightning() if config == "stock" else nullcontext()
     with context:
-        trainer.fit(_SmallModel(), _loader(world_size, batches, seed))
+        trainer.fit(model, _loader(world_size, batches, seed))
+    return model
 
 
 def run_training(
@@ -167,7 +221,10 @@ def run_training(
 
     """
     batches = SKIP_STEPS + train_steps + 1
-    result = TrainingResult(step_ns={config: [] for config in CONFIGS}, step_cpu_ns={config: [] for config in CONFIGS})
+    row_loops = ROW_LOOPS_PER_STEP * train_steps
+    result = TrainingResult(
+        step_ns={config: [] for config in CONFIGS}, step_cpu_ns={config: [] for config in CONFIGS}, row_loops=row_loops
+    )
     for config in CONFIGS:
         with count_collectives() as counts:
             clock = _StepClock(counts)
@@ -190,8 +247,13 @@ def run_training(
         for config in CONFIGS if repeat % 2 == 0 else CONFIGS[::-1]:
             clock = _StepClock(None)
             root = os.path.join(workdir, f"time-{config}-{repeat}")
-            _fit(config, root, world_size=world_size, batches=batches, seed=seed, clock=clock)
+            model = _fit(
+                config, root, world_size=world_size, batches=batches, seed=seed, clock=clock, row_loops=row_loops
+            )
             result.step_ns[config].append(clock.windows_ns())
             result.step_cpu_ns[config].append(clock.cpu_windows_ns())
+            if config == "per_rank_metrics":
+                result.row_ns.append(model.loop_ns / row_loops)
+                result.row_cpu_ns.append(model.loop_cpu_ns / row_loops)
             progress(batches)
     return result

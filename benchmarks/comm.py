@@ -2,8 +2,9 @@
 
 Measures, on ranks it launches itself (gloo on CPU at each ``--world-sizes``, plus a small GPU part where CUDA is
 available): the latency of every decision subject (stock and each policy, checkpoint and early-stopping paths,
-interleaved), the collectives each makes, and the training-step time and collectives per logging step with per-rank
-metrics against stock. Writes ``<out>/<machine>.json``, ``.md`` and ``.png`` and prints the table and the targets.
+interleaved), the collectives each makes, the training-step time and collectives per logging step with per-rank
+metrics against stock, and the absolute cost of one per-rank row in microseconds. Writes ``<out>/<machine>.json``,
+``.md`` and ``.png`` and prints the table, the per-rank row cost and the targets.
 See ``benchmarks/README.md``.
 """
 
@@ -23,8 +24,9 @@ from benchmarks._launch import SessionFailed, run_session
 from benchmarks._machine import default_machine, load_average, metadata
 from benchmarks._plan import FULL, SMOKE, Counts, SessionSpec, plan_sessions, progress_units, session_timeout_s
 from benchmarks._report import build_rows, check_targets, markdown, write_json
+from benchmarks._row_cost import row_costs
 from benchmarks._session import SessionResult
-from benchmarks._training import SKIP_STEPS
+from benchmarks._training import ROW_LOOPS_PER_STEP, SKIP_STEPS
 
 __all__ = ["main"]
 
@@ -45,6 +47,11 @@ _METHOD_NOTES = [
     f" batch-end hooks, the logger connector's log_metrics with the per-rank row, the next batch's fetch); the first"
     f" {SKIP_STEPS} steps of each fit are dropped. Stock (DDPStrategy, seams taken out) and per-rank metrics"
     " (PolicyDDPStrategy(per_rank_metrics=True)) fits alternate; median of the per-fit medians.",
+    "Per-rank row cost: in each timed per-rank fit, after its last timed step, lightning-ext's per-rank row path runs"
+    f" {ROW_LOOPS_PER_STEP} x --train-steps times on the fit's own objects (record_update for both logged values,"
+    " loggers_for, the per-rank logger's log_metrics and save, flushing to the real file every 100 rows), without"
+    " Lightning's own logging work; the figure is its time per row (CPU and wall), median over the fits with the"
+    " lowest and highest. The per-step figure is the paired difference of the fits' median step CPU times.",
 ]
 
 
@@ -130,8 +137,9 @@ def main(argv: list[str] | None = None) -> int:
     meta = metadata(machine=machine, counts=counts_used, notes=notes, load_before=load_before)
     args.out.mkdir(parents=True, exist_ok=True)
     paths = [args.out / f"{machine}.{suffix}" for suffix in ("json", "md", "png")]
-    write_json(paths[0], rows, targets, meta)
-    report = markdown(rows, targets, meta)
+    costs = row_costs(results)
+    write_json(paths[0], rows, targets, meta, costs)
+    report = markdown(rows, targets, meta, costs)
     paths[1].write_text(report, encoding="utf-8")
     write_chart(paths[2], rows, title=f"lightning-ext communication overhead: {machine}")
     print(report.split("\n## Notes")[0])

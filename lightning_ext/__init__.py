@@ -33,10 +33,12 @@ _EXPORTS = {
     "PolicyStrategyMixin": "lightning_ext._mixin",
     "Quorum": "lightning_ext.policies",
     "RankMetricsError": "lightning_ext.rank_metrics",
+    "RankMetricsWarning": "lightning_ext.rank_metrics",
     "RankZero": "lightning_ext.policies",
     "VotePolicy": "lightning_ext.policies",
     "VoteTally": "lightning_ext.policies",
     "available_policies": "lightning_ext.policies",
+    "incomplete_ranks": "lightning_ext.rank_metrics",
     "read_rank_metrics": "lightning_ext.rank_metrics",
 }
 
@@ -58,10 +60,12 @@ __all__ = [
     "PolicyStrategyMixin",
     "Quorum",
     "RankMetricsError",
+    "RankMetricsWarning",
     "RankZero",
     "VotePolicy",
     "VoteTally",
     "available_policies",
+    "incomplete_ranks",
     "read_rank_metrics",
 ]
 
@@ -84,7 +88,13 @@ if TYPE_CHECKING:
         VoteTally,
         available_policies,
     )
-    from lightning_ext.rank_metrics import PerRankMetrics, RankMetricsError, read_rank_metrics
+    from lightning_ext.rank_metrics import (
+        PerRankMetrics,
+        RankMetricsError,
+        RankMetricsWarning,
+        incomplete_ranks,
+        read_rank_metrics,
+    )
     from lightning_ext.strategies import (
         PolicyDDPStrategy,
         PolicyDeepSpeedStrategy,

@@ -19,15 +19,16 @@ Example:
 
 import contextlib
 import os
-from pathlib import Path
 
 __all__ = ["append_all", "complete_prefix_length", "fsync_directory", "open_for_append", "replace_atomically"]
+
+StrPath = str | os.PathLike[str]
 
 # binary mode matters on Windows only; elsewhere the flag does not exist
 _BINARY = getattr(os, "O_BINARY", 0)
 
 
-def open_for_append(path: Path) -> int:
+def open_for_append(path: StrPath) -> int:
     """Open (creating if needed) ``path`` for appending and return the descriptor.
 
     ``O_APPEND`` makes the kernel place every write at the end of the file, whatever else moved the offset.
@@ -49,7 +50,7 @@ def append_all(fd: int, data: bytes) -> None:
         view = view[written:]
 
 
-def replace_atomically(path: Path, data: bytes) -> None:
+def replace_atomically(path: StrPath, data: bytes) -> None:
     """Make ``data`` the content of ``path``; after a crash at any point the file holds the old or the new content.
 
     The data goes to a temporary file in the same directory (so the rename stays on one file system), which is
@@ -64,7 +65,8 @@ def replace_atomically(path: Path, data: bytes) -> None:
         data: its complete new content.
 
     """
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    directory, name = os.path.split(os.fspath(path))
+    temporary = os.path.join(directory, f".{name}.{os.getpid()}.tmp")
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _BINARY, 0o666)
     try:
         try:
@@ -79,7 +81,7 @@ def replace_atomically(path: Path, data: bytes) -> None:
         raise
 
 
-def fsync_directory(directory: Path) -> None:
+def fsync_directory(directory: StrPath) -> None:
     """Make the latest creations and renames in ``directory`` durable (POSIX only: Windows cannot open a folder)."""
     if os.name != "posix":
         return

@@ -1,20 +1,25 @@
-"""The per-rank ``metrics.csv`` format: rows encoded as stock Lightning does, and a file's text parsed and checked.
+"""The per-rank ``metrics.csv`` format: rows encoded as stock Lightning does, and a file's bytes parsed and checked.
 
 Both sides of :mod:`lightning_ext.rank_metrics` use these, so that what the writer writes is exactly what the reader
 accepts. Data rows hold numbers only, so each is one line; only metric names in the header may be quoted and span
 lines. Every error names the file, and the line (and column) where it applies.
 
+Two names are reserved: ``step`` (the writer's own column) and ``rank`` (the column the reader adds). A metric with one
+of these names is written under :data:`ESCAPE` + its name (``metric:rank``); so is a name that already starts with
+:data:`ESCAPE`, so that no two metrics ever share a column.
+
 Example:
     >>> encode_rows(["loss", "step"], [{"loss": 0.5, "step": 0}, {"step": 1}], header=True)
     b'loss,step\\r\\n0.5,0\\r\\n,1\\r\\n'
-    >>> split_header('"a,\\nb",step\\r\\n1,0\\r\\n', Path("f.csv"))
+    >>> split_header('"a,\\nb",step\\r\\n1,0\\r\\n', "f.csv")
     (['a,\\nb', 'step'], '1,0\\r\\n', 3)
+    >>> [column_name(name) for name in ("loss", "rank", "step", "metric:x")]
+    ['loss', 'metric:rank', 'metric:step', 'metric:metric:x']
 
 """
 
 import csv
 import io
-import re
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -26,25 +31,30 @@ from lightning_ext._durable import complete_prefix_length
 
 __all__ = [
     "EPOCH",
+    "ESCAPE",
     "NA_CELLS",
     "RANK",
+    "RESERVED",
     "STEP",
     "RankMetricsError",
+    "RankMetricsWarning",
     "check_header",
     "check_metric_name",
     "check_template",
+    "column_name",
     "decode",
     "encode_rows",
-    "find_rank_files",
     "iter_records",
     "parse_body",
-    "read_rank_file",
+    "parse_chunk",
     "split_header",
     "whole_number",
     "whole_numbers",
 ]
 
 STEP, EPOCH, RANK = "step", "epoch", "rank"
+RESERVED = (STEP, RANK)
+ESCAPE = "metric:"
 NA_CELLS = ["", "nan"]  # an empty cell (metric not logged in that call) and a logged NaN both read as NaN
 
 Cell = int | float | str
@@ -54,48 +64,65 @@ class RankMetricsError(ValueError):
     """A per-rank metrics file is not in the expected format; the message names the file, line and column."""
 
 
-def encode_rows(fieldnames: list[str], rows: Sequence[Mapping[str, Cell]], *, header: bool) -> bytes:
-    """``rows`` as ``csv.DictWriter`` writes them (excel dialect, empty cells for missing names), in UTF-8."""
+class RankMetricsWarning(RuntimeWarning):
+    """Per-rank metrics stepped aside (a rank stopped writing its file) or a file is incomplete."""
+
+
+def column_name(name: str) -> str:
+    """The column a metric is written under: its name, or ``metric:`` + a reserved name (or one starting so)."""
+    if name in RESERVED or name.startswith(ESCAPE):
+        return ESCAPE + name
+    return name
+
+
+def encode_rows(fieldnames: Sequence[str], rows: Sequence[Mapping[str, Cell]], *, header: bool) -> bytes:
+    """``rows`` as ``csv.DictWriter`` writes them (excel dialect, empty cells for missing names), in UTF-8.
+
+    Every key of every row must be in ``fieldnames`` (``DictWriter`` would raise; here the writer guarantees it).
+    """
     buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=fieldnames)
+    writer = csv.writer(buffer)
     if header:
-        writer.writeheader()
-    writer.writerows(rows)
+        writer.writerow(fieldnames)
+    writer.writerows([row.get(name, "") for name in fieldnames] for row in rows)
     return buffer.getvalue().encode("utf-8")
 
 
-def decode(data: bytes, path: Path) -> str:
+def decode(data: bytes, where: str) -> str:
     """The file's text; ``RankMetricsError`` naming the line if it is not UTF-8."""
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as error:
         line = data.count(b"\n", 0, error.start) + 1
-        raise RankMetricsError(f"{path}, line {line}: not UTF-8 text ({error.reason})") from None
+        raise RankMetricsError(f"{where}, line {line}: not UTF-8 text ({error.reason})") from None
 
 
-def split_header(text: str, path: Path) -> tuple[list[str], str, int]:
+def split_header(text: str, where: str) -> tuple[list[str], str, int]:
     """The header's names (``[]`` for an empty file), the text after it, and the line number where that starts."""
     stream = io.StringIO(text, newline="")
     reader = csv.reader(stream, strict=True)
     try:
         header = next(reader, [])
     except csv.Error as error:
-        raise RankMetricsError(f"{path}, line {reader.line_num}: unreadable header ({error})") from error
+        raise RankMetricsError(f"{where}, line {reader.line_num}: unreadable header ({error})") from error
     return header, text[stream.tell() :], reader.line_num + 1
 
 
-def check_header(header: list[str], path: Path) -> None:
+def check_header(header: list[str], where: str) -> None:
     """A header needs a ``step`` column, no ``rank`` column (the reader adds it), and no name twice."""
     if STEP not in header:
-        raise RankMetricsError(f"{path}, line 1: the header has no {STEP!r} column")
+        raise RankMetricsError(f"{where}, line 1: the header has no {STEP!r} column")
     if RANK in header:
-        raise RankMetricsError(f"{path}, line 1: {RANK!r} is reserved for the rank and cannot be a column")
+        raise RankMetricsError(
+            f"{where}, line 1: {RANK!r} is reserved for the rank and cannot be a column (a metric named {RANK!r} is"
+            f" written as {ESCAPE + RANK!r})"
+        )
     duplicates = sorted({name for name in header if header.count(name) > 1})
     if duplicates:
-        raise RankMetricsError(f"{path}, line 1: duplicate column names {duplicates}")
+        raise RankMetricsError(f"{where}, line 1: duplicate column names {duplicates}")
 
 
-def iter_records(body: str, header: list[str], path: Path, first_line: int) -> Iterator[tuple[int, list[str]]]:
+def iter_records(body: str, header: list[str], where: str, first_line: int) -> Iterator[tuple[int, list[str]]]:
     """Each data row with its line number, checked: one line, one field per name, as the writer writes them."""
     reader = csv.reader(io.StringIO(body, newline=""), strict=True)
     expected_line = first_line
@@ -103,21 +130,21 @@ def iter_records(body: str, header: list[str], path: Path, first_line: int) -> I
         for record in reader:
             line = first_line + reader.line_num - 1
             if line != expected_line:
-                raise RankMetricsError(f"{path}, line {expected_line}: a row spans lines {expected_line}-{line}")
+                raise RankMetricsError(f"{where}, line {expected_line}: a row spans lines {expected_line}-{line}")
             if len(record) != len(header):
-                raise RankMetricsError(f"{path}, line {line}: expected {len(header)} fields, saw {len(record)}")
+                raise RankMetricsError(f"{where}, line {line}: expected {len(header)} fields, saw {len(record)}")
             yield line, record
             expected_line += 1
     except csv.Error as error:
-        raise RankMetricsError(f"{path}, line {first_line + reader.line_num - 1}: {error}") from error
+        raise RankMetricsError(f"{where}, line {first_line + reader.line_num - 1}: {error}") from error
 
 
-def parse_body(body: str, header: list[str], path: Path, first_line: int) -> pd.DataFrame:
+def parse_body(body: str, header: list[str], where: str, first_line: int) -> pd.DataFrame:
     """The data rows as float64 columns named by ``header`` (pandas parses; floats come back exactly).
 
     The rows are checked with :func:`iter_records` first: ``pd.read_csv`` would pad a short row silently.
     """
-    for _ in iter_records(body, header, path, first_line):
+    for _ in iter_records(body, header, where, first_line):
         pass
     try:
         return pd.read_csv(
@@ -131,60 +158,55 @@ def parse_body(body: str, header: list[str], path: Path, first_line: int) -> pd.
             index_col=False,
         )
     except ValueError as error:
-        raise _locate_bad_cell(body, header, path, first_line) or RankMetricsError(f"{path}: {error}") from error
+        raise _locate_bad_cell(body, header, where, first_line) or RankMetricsError(f"{where}: {error}") from error
 
 
-def read_rank_file(path: Path) -> pd.DataFrame:
-    """One rank's file: columns ``step`` (int64), ``epoch`` (Int64, all missing if absent), its metrics (float64).
+def parse_chunk(data: bytes, where: str) -> pd.DataFrame | None:
+    """One file's (or one part's) rows: float64 columns as named in its header; ``None`` if it has no header.
 
-    A last line cut short by a crash is skipped with a ``RuntimeWarning`` naming the file and line.
+    ``step`` is checked to be whole everywhere, ``epoch`` wherever present. A last line cut short by a crash is
+    skipped with a :class:`RankMetricsWarning` naming the file and line.
     """
-    data = path.read_bytes()
     complete = complete_prefix_length(data)
     if complete < len(data):
         line = data.count(b"\n") + 1
-        warnings.warn(f"{path}, line {line}: ignored an incomplete last line (a write cut short)", RuntimeWarning, 3)
-    header, body, first_line = split_header(decode(data[:complete], path), path)
+        message = f"{where}, line {line}: ignored an incomplete last line (a write cut short)"
+        warnings.warn(message, RankMetricsWarning, stacklevel=3)
+    header, body, first_line = split_header(decode(data[:complete], where), where)
     if not header:
-        return pd.DataFrame({STEP: pd.Series(dtype="int64"), EPOCH: pd.Series(dtype="Int64")})
-    check_header(header, path)
-    table = parse_body(body, header, path, first_line)
-    whole_numbers(table[STEP], path, first_line, allow_missing=False)
+        return None
+    check_header(header, where)
+    table = parse_body(body, header, where, first_line)
+    whole_numbers(table[STEP], where, first_line, allow_missing=False)
     if EPOCH in table:
-        whole_numbers(table[EPOCH], path, first_line, allow_missing=True)
-        epoch = table.pop(EPOCH).astype("Int64")
-    else:
-        epoch = pd.Series(pd.NA, index=table.index, dtype="Int64")
-    table.insert(0, EPOCH, epoch)
-    return table.astype({STEP: "int64"})
+        whole_numbers(table[EPOCH], where, first_line, allow_missing=True)
+    return table
 
 
-def whole_number(cell: str | float, path: Path, line: int, column: str) -> int:
+def whole_number(cell: str | float, where: str, line: int, column: str) -> int:
     """``cell`` as an int, or ``RankMetricsError`` naming where it is if it is not a whole number."""
     try:
         value = float(cell)
     except ValueError:
         value = float("nan")
     if not value.is_integer():
-        raise RankMetricsError(f"{path}, line {line}, column {column!r}: expected a whole number, saw {cell!r}")
+        raise RankMetricsError(f"{where}, line {line}, column {column!r}: expected a whole number, saw {cell!r}")
     return int(value)
 
 
-def whole_numbers(cells: "pd.Series[float]", path: Path, first_line: int, *, allow_missing: bool) -> None:
+def whole_numbers(cells: "pd.Series[float]", where: str, first_line: int, *, allow_missing: bool) -> None:
     """Raise ``RankMetricsError`` at the first cell that is not a whole number (nor missing, if allowed)."""
     whole = np.isfinite(cells) & (cells == np.floor(cells))
     bad = cells.notna() & ~whole if allow_missing else ~whole
     if bad.any():
         offset = int(np.argmax(bad.to_numpy()))
-        whole_number(float(cells.iloc[offset]), path, first_line + offset, str(cells.name))
+        whole_number(float(cells.iloc[offset]), where, first_line + offset, str(cells.name))
 
 
 def check_metric_name(name: object, step: int) -> None:
-    """A metric name must be a non-empty ``str`` without NUL, encodable as UTF-8, and not ``step`` or ``rank``."""
+    """A metric name must be a non-empty ``str`` without NUL and encodable as UTF-8."""
     if not isinstance(name, str):
         raise TypeError(f"Metric names must be str, got {type(name).__name__} {name!r} at step {step}")
-    if name in (STEP, RANK):
-        raise ValueError(f"Metric name {name!r} is reserved (step {step}); pass the step as log_metrics(..., step=)")
     if not name or "\0" in name:
         raise ValueError(f"Metric name {name!r} at step {step} must be non-empty and contain no NUL character")
     try:
@@ -195,23 +217,11 @@ def check_metric_name(name: object, step: int) -> None:
 
 def check_template(filename: str) -> None:
     """A file-name template is a relative path with ``{rank}`` in it exactly once."""
-    if filename.count("{rank}") != 1 or Path(filename).is_absolute():
+    if filename.count("{rank}") != 1 or Path(filename).is_absolute() or "://" in filename:
         raise ValueError(f"filename must be a relative path with '{{rank}}' in it exactly once, got {filename!r}")
 
 
-def find_rank_files(root: Path, filename: str) -> list[tuple[int, Path]]:
-    """Every ``(rank, path)`` under ``root`` that matches the template, by rank (``rank_01`` is not rank 1's)."""
-    prefix, suffix = filename.split("{rank}")
-    pattern = re.compile(re.escape(prefix) + "(0|[1-9][0-9]*)" + re.escape(suffix))
-    found = []
-    for path in root.glob(_glob_escape(prefix) + "*" + _glob_escape(suffix)):
-        match = pattern.fullmatch(path.relative_to(root).as_posix())
-        if match is not None and path.is_file():
-            found.append((int(match[1]), path))
-    return sorted(found)
-
-
-def _locate_bad_cell(body: str, header: list[str], path: Path, first_line: int) -> RankMetricsError | None:
+def _locate_bad_cell(body: str, header: list[str], where: str, first_line: int) -> RankMetricsError | None:
     for offset, record in enumerate(csv.reader(io.StringIO(body, newline=""))):
         for name, cell in zip(header, record, strict=True):
             if cell in NA_CELLS:
@@ -219,9 +229,5 @@ def _locate_bad_cell(body: str, header: list[str], path: Path, first_line: int) 
             try:
                 float(cell)
             except ValueError:
-                return RankMetricsError(f"{path}, line {first_line + offset}, column {name!r}: not a number: {cell!r}")
+                return RankMetricsError(f"{where}, line {first_line + offset}, column {name!r}: not a number: {cell!r}")
     return None
-
-
-def _glob_escape(text: str) -> str:
-    return re.sub(r"([*?[])", r"[\1]", text)

@@ -6,36 +6,49 @@
 other ranks' files. The file format, buffering and crash safety are those of
 :class:`~lightning_ext.rank_metrics.RankMetricsWriter`.
 
+Per-rank files are a diagnostic, so they never end or stall a run: any error while capturing, computing or writing a
+rank's row (a full or unwritable disk, a ``torchmetrics`` ``compute()`` that fails locally) gives one
+:class:`~lightning_ext.rank_metrics.RankMetricsWarning` on that rank, naming the file and the error. That rank's
+output then stops for the rest of the process (what was buffered is still written if it can be), its file is marked
+incomplete (:mod:`lightning_ext._incomplete`), and training and the other ranks' files go on. No collective is
+involved, so no other rank waits.
+
 Where the trainer has loggers, this logger is appended to ``trainer.loggers`` for the run, so it also sees rows that
 callbacks send to every logger (``LearningRateMonitor``). Where it has none, the logger connector's seam adds it for
-each ``log_metrics`` call only, so nothing else changes (``trainer.logger`` stays ``None``). No collective
-operation is involved: the directory is agreed at set-up, within the strategy's one set-up exchange.
+each ``log_metrics`` call only, so nothing else changes (``trainer.logger`` stays ``None``). The directory is agreed
+at set-up, within the strategy's one set-up exchange.
 """
 
 import atexit
-import os
+import contextlib
 import sys
+import warnings
 from typing import Any
 
 from lightning.pytorch.loggers import Logger
 from torch import Tensor
 from typing_extensions import override
 
+from lightning_ext import _local_values
+from lightning_ext._incomplete import SUFFIX, encode_marker, read_markers, remove_markers, write_marker
 from lightning_ext._local_values import OMITTED, local_values_for
-from lightning_ext.rank_metrics import PerRankMetrics, RankMetricsWriter
+from lightning_ext._rank_storage import join, write_whole
+from lightning_ext.rank_metrics import PerRankMetrics, RankMetricsWarning, RankMetricsWriter
 
 __all__ = ["RankCSVLogger", "loggers_for"]
 
 
 _OPEN_WRITERS: dict[str, RankMetricsWriter] = {}
 _WRITTEN_HERE: set[str] = set()  # files this process wrote: a later fit/validate/test here continues them
+_STOPPED_HERE: set[str] = set()  # files whose output failed in this process: they stay stopped
+_NOTHING: dict[str, Any] = {}
 
 
 class RankCSVLogger(Logger):
-    """Writes this rank's local values of every logged row to its own CSV file.
+    """Writes this rank's local values of every logged row to its own CSV file; never raises into the training.
 
     Args:
-        log_dir: the run's log directory, identical on every rank.
+        log_dir: the run's log directory (a path or an fsspec URL), identical on every rank.
         rank: this process's global rank.
         options: file name template and flush interval.
 
@@ -46,9 +59,12 @@ class RankCSVLogger(Logger):
         self._log_dir = log_dir
         self._rank = rank
         self._options = options or PerRankMetrics()
-        self._pending: dict[str, Tensor | object] = {}
-        self._path = os.path.join(log_dir, self._options.filename.format(rank=rank))
+        self._pending: dict[str, Any] = _NOTHING
+        self._path = join(log_dir, self._options.filename.replace("{rank}", str(rank)))
         self._writer: RankMetricsWriter | None = None
+        self._stopped = self._path in _STOPPED_HERE
+        # trainer._results walks several properties; the collection it returns is fixed per (fn, stage): keep the last
+        self._results: tuple[Any, Any, Any] = (None, None, None)
         self.resume_from_step: int | None = None
         self.rows_logged = 0
 
@@ -78,49 +94,86 @@ class RankCSVLogger(Logger):
         return self._path
 
     @property
+    def stopped(self) -> bool:
+        """Whether this rank's output stopped after an error (see the module docstring)."""
+        return self._stopped
+
+    @property
     def experiment(self) -> RankMetricsWriter:
         """The writer of this rank's file, opened on first use.
 
         A run resumed from a checkpoint keeps the rows up to the checkpoint's step and drops the later ones (they are
         logged again). A later stage in the same process (``fit`` then ``test``) continues the file. A fresh run that
         finds a file from another process keeps it, renamed (see
-        :class:`~lightning_ext.rank_metrics.RankMetricsWriter`).
+        :class:`~lightning_ext.rank_metrics.RankMetricsWriter`). An incomplete-marker left by an earlier run goes
+        with its file; a resume that logs every missing row again removes it.
         """
-        writer = self._writer if self._writer is not None else _OPEN_WRITERS.get(self.path)
+        writer = self._writer if self._writer is not None else _OPEN_WRITERS.get(self._path)
         if writer is None:
             resume = self.resume_from_step
-            if resume is None and self.path in _WRITTEN_HERE:
+            if resume is None and self._path in _WRITTEN_HERE:
                 resume = sys.maxsize  # keep every row
+            marker = read_markers(self._log_dir, self._options.filename, self._rank)
             writer = RankMetricsWriter(
-                self.path, flush_every_n_rows=self._options.flush_every_n_rows, resume_from_step=resume
+                self._path, flush_every_n_rows=self._options.flush_every_n_rows, resume_from_step=resume
             )
-            _OPEN_WRITERS[self.path] = writer
-            _WRITTEN_HERE.add(self.path)
+            _OPEN_WRITERS[self._path] = writer
+            _WRITTEN_HERE.add(self._path)
+            if marker is not None:
+                self._settle_marker(marker, resume, writer.rotated_to)
         self._writer = writer
         return writer
 
     def expect(self, trainer: Any, metrics: dict[str, Any]) -> None:
         """Remember the local counterparts of the synced values the connector is about to log."""
-        results = trainer._results
-        if results is None:
-            self._pending = {}
+        if self._stopped:
             return
-        on_step = trainer._logger_connector._first_loop_iter is not None  # as _LoggerConnector.metrics decides
-        self._pending = local_values_for(results, on_step, metrics)
+        try:
+            error = _local_values.capture_error()
+            if error is not None:
+                self._stop(error, "capturing a local value")
+                return
+            state = trainer.state
+            fn, stage, results = self._results
+            if state.fn is not fn or state.stage is not stage or results is None:
+                results = trainer._results
+                if results is None:
+                    self._pending = _NOTHING
+                    return
+                self._results = (state.fn, state.stage, results)
+            on_step = trainer._logger_connector._first_loop_iter is not None  # as _LoggerConnector.metrics decides
+            self._pending = local_values_for(results, on_step, metrics)
+        except Exception as error:
+            self._pending = _NOTHING
+            self._stop(error, "computing a local value")
 
     @override
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
-        pending, self._pending = self._pending, {}
-        row: dict[str, float] = {}
-        for key, value in metrics.items():
-            local = pending.get(key)
-            if local is OMITTED:
-                continue
-            row[key] = local.item() if isinstance(local, Tensor) else value
-        if step is None:
-            raise ValueError("RankCSVLogger needs the step of every row (the trainer always passes it)")
-        self.experiment.log_metrics(row, step)
-        self.rows_logged += 1
+        if self._stopped:
+            return
+        pending, self._pending = self._pending, _NOTHING
+        doing = "reading the local values"
+        try:
+            row = metrics
+            if pending:
+                row = dict(metrics)
+                for key, local in pending.items():
+                    if key in row:
+                        if local is OMITTED:
+                            del row[key]
+                        else:
+                            row[key] = local.item() if isinstance(local, Tensor) else local
+            if step is None:
+                raise ValueError("RankCSVLogger needs the step of every row (the trainer always passes it)")
+            writer = self._writer
+            if writer is None:
+                doing = "opening the file"
+                writer = self.experiment
+            doing = "writing a row"
+            writer.log_metrics(row, step)
+            self.rows_logged += 1
+        except Exception as error:
+            self._stop(error, doing)
 
     @override
     def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
@@ -136,16 +189,71 @@ class RankCSVLogger(Logger):
 
     def flush(self) -> None:
         """Write the buffered rows now, if the file was opened."""
-        writer = _OPEN_WRITERS.get(self.path)
-        if writer is not None:
+        writer = _OPEN_WRITERS.get(self._path)
+        if writer is None or self._stopped:
+            return
+        try:
             writer.flush()
+        except Exception as error:
+            self._stop(error, "writing rows")
 
     def close(self) -> None:
         """Flush, sync and close this rank's file (the strategy's teardown calls it at the end of every stage)."""
-        writer = _OPEN_WRITERS.pop(self.path, None)
+        if not self._stopped and (error := _local_values.capture_error()) is not None:
+            self._stop(error, "capturing a local value")
+        writer = _OPEN_WRITERS.pop(self._path, None)
         self._writer = None
-        if writer is not None:
+        if writer is None or self._stopped:
+            return
+        try:
             writer.close()
+        except Exception as error:
+            _OPEN_WRITERS[self._path] = writer  # so that _stop reports its rows
+            self._stop(error, "closing the file")
+
+    def _stop(self, error: Exception, doing: str) -> None:
+        """Stop this rank's output: keep what can be kept, mark the file incomplete, warn once."""
+        self._stopped = True
+        _STOPPED_HERE.add(self._path)
+        _local_values.stop_capture()
+        self._writer = None
+        writer = _OPEN_WRITERS.pop(self._path, None)
+        rows, last_step = 0, None
+        if writer is not None:
+            with contextlib.suppress(Exception):
+                writer.close()  # the rows buffered before the error, if the file still takes them
+            rows, last_step = writer.rows_written, writer.last_step_written
+        reason = f"{type(error).__name__}: {error} (while {doing})"
+        try:
+            marker = write_marker(
+                self._log_dir,
+                self._options.filename,
+                self._rank,
+                file=self._path,
+                reason=reason,
+                rows_written=rows,
+                last_step=last_step,
+            )
+            recorded = f"is marked incomplete in {marker}"
+        except Exception as marker_error:
+            recorded = f"could not be marked incomplete either ({type(marker_error).__name__}: {marker_error})"
+        warnings.warn(
+            f"Per-rank metrics of rank {self._rank} stopped: {reason}. {self._path} keeps the {rows} row(s) written"
+            f" so far and {recorded}. Training goes on; the other ranks' files are not affected.",
+            RankMetricsWarning,
+            stacklevel=3,
+        )
+
+    def _settle_marker(self, marker: dict[str, Any], resume: int | None, rotated_to: str | None) -> None:
+        """A marker left by an earlier run: it moves with a rotated file, and goes once the file is whole again."""
+        last = marker.get("last_step")
+        if resume is None:
+            if rotated_to is not None:
+                write_whole(rotated_to + SUFFIX, encode_marker(marker))
+            remove_markers(self._log_dir, self._options.filename, self._rank)
+        elif isinstance(last, int) and resume < last:
+            # rows with step <= resume < last were all written, and the resumed run logs every later one again
+            remove_markers(self._log_dir, self._options.filename, self._rank)
 
 
 def loggers_for(trainer: Any, metrics: dict[str, Any]) -> list[Logger]:
@@ -153,18 +261,19 @@ def loggers_for(trainer: Any, metrics: dict[str, Any]) -> list[Logger]:
 
     The logger connector's seam calls this before it logs a row (see :mod:`lightning_ext._runtime`).
     """
-    loggers: list[Logger] = list(trainer.loggers)
+    loggers: list[Logger] = trainer.loggers
     rank_logger: RankCSVLogger | None = getattr(trainer.strategy, "rank_metrics_logger", None)
-    if rank_logger is None:
+    if rank_logger is None or rank_logger.stopped:
         return loggers
     rank_logger.expect(trainer, metrics)
-    if rank_logger not in loggers:
-        loggers.append(rank_logger)
-    return loggers
+    if rank_logger in loggers:
+        return loggers
+    return [*loggers, rank_logger]
 
 
 @atexit.register
 def _close_writers() -> None:
     for writer in _OPEN_WRITERS.values():
-        writer.close()
+        with contextlib.suppress(Exception):
+            writer.close()
     _OPEN_WRITERS.clear()

@@ -3,8 +3,10 @@
 Commands:
 
 * ``ranks LOG_DIR [--metric NAME ...] [--plot FILE.png] [--filename TEMPLATE]``: read the per-rank metrics files
-  under ``LOG_DIR`` and print, for each metric, every rank's last value, their min / max / std across ranks and the
-  most outlying rank; ``--plot`` also draws the per-rank curves (needs ``pip install 'lightning-ext[plot]'``).
+  under ``LOG_DIR`` (a path or an fsspec URL such as ``s3://bucket/run``) and print, for each metric, every rank's
+  last value, their min / max / std across ranks and the most outlying rank; ``--plot`` also draws the per-rank
+  curves (needs ``pip install 'lightning-ext[plot]'``). A rank whose file stopped early is named in a warning line
+  on stderr and in the summary line.
 
 Exit codes: 0 success; 1 an error in the data (missing directory, malformed file, unknown metric), reported as one
 line on stderr; 2 a usage error, or ``--plot`` without matplotlib.
@@ -22,7 +24,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from lightning_ext.rank_metrics import DEFAULT_FILENAME, read_rank_metrics
+from lightning_ext.rank_metrics import DEFAULT_FILENAME, incomplete_ranks, read_rank_metrics
 from lightning_ext.rank_spread import format_spread, plot_rank_curves, summarize_spread
 
 __all__ = ["main"]
@@ -52,7 +54,9 @@ def _parser() -> argparse.ArgumentParser:
         description="For each metric: every rank's last value, their min / max / std across ranks, and the rank"
         " farthest from their median.",
     )
-    ranks.add_argument("log_dir", metavar="LOG_DIR", type=Path, help="the directory that holds rank_<r>/metrics.csv")
+    ranks.add_argument(
+        "log_dir", metavar="LOG_DIR", help="the directory that holds rank_<r>/metrics.csv (a path or an fsspec URL)"
+    )
     ranks.add_argument(
         "--metric",
         dest="metrics",
@@ -82,12 +86,14 @@ def _run_ranks(args: argparse.Namespace) -> int:
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
+            incomplete = incomplete_ranks(args.log_dir, filename=args.filename)
             table = read_rank_metrics(args.log_dir, filename=args.filename)
         for warning in caught:
             print(f"{_PROG} ranks: warning: {warning.message}", file=sys.stderr)
         summary = summarize_spread(table, metrics=args.metrics)
         ranks = table["rank"].nunique()
-        print(f"{args.log_dir}: {ranks} rank(s), {len(table)} row(s), {len(summary)} metric(s)")
+        stopped = f", incomplete: rank {', '.join(map(str, incomplete))}" if incomplete else ""
+        print(f"{args.log_dir}: {ranks} rank(s), {len(table)} row(s), {len(summary)} metric(s){stopped}")
         if len(summary):
             print(format_spread(summary))
         if args.plot is not None:

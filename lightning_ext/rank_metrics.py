@@ -1,11 +1,13 @@
 """Per-rank metrics files: a crash-safe writer and a pandas reader, side by side.
 
 Every rank writes its own ``<log_dir>/rank_<r>/metrics.csv`` (the relative path is the template
-:data:`DEFAULT_FILENAME`; both sides accept another one with ``{rank}`` in it). The format is stock Lightning's
-``metrics.csv`` (``CSVLogger``): ``csv`` module defaults (``\\r\\n`` line ends), a header with the sorted names of
-every metric seen plus ``step``, one row per :meth:`RankMetricsWriter.log_metrics` call, empty cells for metrics not
-logged in that call, numbers as the ``csv`` module writes Python ints and floats (``repr``, so floats read back
-exactly). Given the same calls, the bytes are those that stock ``_ExperimentWriter`` writes.
+:data:`DEFAULT_FILENAME`; both sides accept another one with ``{rank}`` in it). ``log_dir`` is a local path or any
+fsspec URL that Lightning's ``CSVLogger`` accepts (``s3://``, ``gs://``, ``memory://``, ``file://``, ...). The format
+is stock Lightning's ``metrics.csv`` (``CSVLogger``): ``csv`` module defaults (``\\r\\n`` line ends), a header with the
+sorted names of every metric seen plus ``step``, one row per :meth:`RankMetricsWriter.log_metrics` call, empty cells
+for metrics not logged in that call, numbers as the ``csv`` module writes Python ints and floats (``repr``, so floats
+read back exactly). Given the same calls, the bytes are those that stock ``_ExperimentWriter`` writes, except that a
+metric named ``step`` or ``rank`` is written as ``metric:step`` or ``metric:rank`` (see ``docs/per-rank-metrics.md``).
 
 Example:
     >>> import tempfile
@@ -20,51 +22,45 @@ Example:
     1     0     1      1  0.5  0.25
     2     1     0      0  NaN  2.50
     3     1     1      1  0.5  1.25
+    >>> incomplete_ranks(log_dir.name)
+    {}
     >>> log_dir.cleanup()
 
 """
 
-import contextlib
-import csv
 import numbers
 import os
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 import pandas as pd
 
-from lightning_ext._durable import (
-    append_all,
-    complete_prefix_length,
-    fsync_directory,
-    open_for_append,
-    replace_atomically,
-)
+from lightning_ext._incomplete import describe, parse_marker
 from lightning_ext._metrics_csv import (
     EPOCH,
     RANK,
     STEP,
     RankMetricsError,
-    check_header,
+    RankMetricsWarning,
     check_metric_name,
     check_template,
-    decode,
-    encode_rows,
-    find_rank_files,
-    iter_records,
-    read_rank_file,
-    split_header,
-    whole_number,
+    column_name,
+    parse_chunk,
 )
+from lightning_ext._parted_file import PartedFile, read_chunks
+from lightning_ext._rank_listing import RankFiles, list_rank_files
+from lightning_ext._rank_storage import LocalFile, join, split_location
 
 __all__ = [
     "DEFAULT_FILENAME",
     "PerRankMetrics",
     "RankMetricsError",
+    "RankMetricsWarning",
     "RankMetricsWriter",
+    "incomplete_ranks",
     "rank_metrics_path",
     "read_rank_metrics",
 ]
@@ -76,18 +72,20 @@ StrPath = str | os.PathLike[str]
 Cell = int | float
 
 
-def rank_metrics_path(log_dir: StrPath, rank: int, *, filename: str = DEFAULT_FILENAME) -> Path:
-    """The file of one rank.
+def rank_metrics_path(log_dir: StrPath, rank: int, *, filename: str = DEFAULT_FILENAME) -> str:
+    """The file of one rank (a path, or a URL if ``log_dir`` is one).
 
     Example:
-        >>> rank_metrics_path("logs", 3).as_posix()
+        >>> rank_metrics_path("logs", 3)
         'logs/rank_3/metrics.csv'
+        >>> rank_metrics_path("s3://bucket/run", 0)
+        's3://bucket/run/rank_0/metrics.csv'
 
     """
     check_template(filename)
     if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
         raise ValueError(f"rank must be a whole number >= 0, got {rank!r}")
-    return Path(log_dir) / filename.replace("{rank}", str(rank))
+    return join(os.fspath(log_dir), filename.replace("{rank}", str(rank)))
 
 
 @dataclass(frozen=True)
@@ -96,7 +94,8 @@ class PerRankMetrics:
 
     Args:
         filename: the file of rank ``r``, relative to the run's log directory; ``{rank}`` is replaced by ``r``.
-        flush_every_n_rows: rows kept in memory before they are written; a SIGKILL loses at most these.
+        flush_every_n_rows: rows kept in memory before they are written; a SIGKILL loses at most these. On an object
+            store each flush is one object write (see ``docs/per-rank-metrics.md``).
 
     """
 
@@ -106,8 +105,9 @@ class PerRankMetrics:
     def __post_init__(self) -> None:
         if "{rank}" not in self.filename:
             raise ValueError(f"PerRankMetrics.filename must contain '{{rank}}', got {self.filename!r}")
-        if os.path.isabs(self.filename):
+        if os.path.isabs(self.filename) or "://" in self.filename:
             raise ValueError(f"PerRankMetrics.filename must be relative to the log directory, got {self.filename!r}")
+        check_template(self.filename)
         if self.flush_every_n_rows < 1:
             raise ValueError(f"PerRankMetrics.flush_every_n_rows must be >= 1, got {self.flush_every_n_rows}")
 
@@ -116,12 +116,19 @@ class RankMetricsWriter:
     """Writes one rank's metrics to a CSV file in stock Lightning's format, without ever losing a flushed row.
 
     Rows are kept in memory and written every ``flush_every_n_rows`` rows, on :meth:`flush` and on :meth:`close`
-    (call it, or use the writer in a ``with`` block), each time with one ``os.write`` on an ``O_APPEND`` descriptor.
-    A crash loses only the rows still in memory, fewer than ``flush_every_n_rows``: a ``SIGKILL`` keeps every row
+    (call it, or use the writer in a ``with`` block).
+
+    On a local disk (a path or a ``file://`` URL) each flush is one ``os.write`` on an ``O_APPEND`` descriptor. A
+    crash loses only the rows still in memory, fewer than ``flush_every_n_rows``: a ``SIGKILL`` keeps every row
     written so far (they are in the page cache), and a row cut short mid-write is removed when the file is next
     opened with ``resume_from_step``, and skipped by :func:`read_rank_metrics`. A metric name not yet in the header
     makes the writer write the whole file anew to a temporary file, ``fsync`` it and rename it over the old one, so a
     crash at any point leaves the old file or the new one, never a truncated one. :meth:`close` ``fsync``-s the file.
+
+    On other fsspec filesystems (object stores have no append, rename or ``fsync``) each flush writes one new object,
+    ``<file>.part-<token>-<n>``, holding a header and the flushed rows; :meth:`close` merges the parts into the file
+    and deletes them. A crash loses the rows in memory; the parts written so far are read by :func:`read_rank_metrics`
+    and merged when the file is next opened.
 
     If the file already exists:
 
@@ -131,7 +138,7 @@ class RankMetricsWriter:
       ``.2``, ... the first free number; see :attr:`rotated_to`) and a new file is started.
 
     Args:
-        path: the CSV file; its directory is created. See :meth:`for_rank` for the per-rank layout.
+        path: the CSV file (a path or an fsspec URL); its directory is created. See :meth:`for_rank`.
         flush_every_n_rows: how many rows to buffer before writing them (at least 1).
         resume_from_step: the logging step the run resumed from, or ``None`` for a new run.
 
@@ -147,22 +154,18 @@ class RankMetricsWriter:
             isinstance(resume_from_step, bool) or not isinstance(resume_from_step, int)
         ):
             raise TypeError(f"resume_from_step must be an int or None, got {resume_from_step!r}")
-        self._path = Path(path)
+        self._path = os.fspath(path)
         self._flush_every_n_rows = flush_every_n_rows
         self._buffer: list[dict[str, Cell]] = []
-        self._fieldnames: list[str] = []  # the header now in the file; empty while the file has none
-        self._checked_names: set[str] = set()
-        self._rows_written = 0
-        self._size = 0  # bytes in the file, to undo a partial append
-        self._fd: int | None = None
+        self._columns: dict[str, str] = {}  # every metric name checked so far -> its column
         self._closed = False
-        self._rotated_to: Path | None = None
-        self._path.parent.mkdir(parents=True, exist_ok=True)
-        if os.path.lexists(self._path):
-            if resume_from_step is None:
-                self._rotated_to = _rotate(self._path)
-            else:
-                self._resume(resume_from_step)
+        fs, where, local = split_location(self._path)
+        self._storage = LocalFile(where) if local else PartedFile(fs, where, fs.unstrip_protocol(where))
+        start = self._storage.start(resume_from_step)
+        self._fieldnames = start.fieldnames  # the header now in the file; empty while the file has none
+        self._rows_written = start.rows
+        self._rotated_to = start.rotated_to
+        self._last_step: int | None = None
 
     @classmethod
     def for_rank(
@@ -179,8 +182,8 @@ class RankMetricsWriter:
         return cls(path, flush_every_n_rows=flush_every_n_rows, resume_from_step=resume_from_step)
 
     @property
-    def path(self) -> Path:
-        """The CSV file."""
+    def path(self) -> str:
+        """The CSV file, as given (a path or a URL)."""
         return self._path
 
     @property
@@ -189,52 +192,71 @@ class RankMetricsWriter:
         return self._rows_written
 
     @property
-    def rotated_to(self) -> Path | None:
+    def last_step_written(self) -> int | None:
+        """The step of the last row this writer flushed, or ``None`` before its first flush."""
+        return self._last_step
+
+    @property
+    def rotated_to(self) -> str | None:
         """Where an earlier run's file was moved to (``resume_from_step=None``), or ``None``."""
         return self._rotated_to
 
     def log_metrics(self, metrics: Mapping[str, Cell], step: int) -> None:
         """Buffer one row: ``metrics`` plus a ``step`` column; write the buffer if it is full.
 
+        A metric named ``step`` or ``rank`` (or starting with ``metric:``) goes to the column ``metric:<name>``.
+
         Raises:
             TypeError: ``step`` is not an int, a name is not a str, or a value is not an int or float.
-            ValueError: a name is empty, reserved (``step``, ``rank``), or not encodable; the writer is closed.
+            ValueError: a name is empty or not encodable; the writer is closed.
 
         """
-        self._check_open()
-        if type(step) is not int and (isinstance(step, bool) or not isinstance(step, numbers.Integral)):
-            raise TypeError(f"step must be an int, got {type(step).__name__} {step!r}")
-        row = {name: self._cell(name, value, step) for name, value in metrics.items()}
-        row[STEP] = int(step)
+        if self._closed:
+            raise ValueError(f"The metrics writer for {self._path} is closed")
+        if type(step) is not int:
+            if isinstance(step, bool) or not isinstance(step, numbers.Integral):
+                raise TypeError(f"step must be an int, got {type(step).__name__} {step!r}")
+            step = int(step)
+        columns = self._columns
+        row: dict[str, Cell] = {}
+        for name, value in metrics.items():
+            column = columns.get(name)
+            if column is None:
+                column = self._check_name(name, step)
+            kind = type(value)
+            row[column] = value if kind is float or kind is int else _number(name, value, step)
+        row[STEP] = step
         self._buffer.append(row)
         if len(self._buffer) >= self._flush_every_n_rows:
             self.flush()
 
     def flush(self) -> None:
         """Write the buffered rows now: appended, or with the whole file rewritten if they bring new names."""
-        self._check_open()
-        if not self._buffer:
+        if self._closed:
+            raise ValueError(f"The metrics writer for {self._path} is closed")
+        buffer = self._buffer
+        if not buffer:
             return
-        names = set(self._fieldnames).union(*self._buffer)
-        if self._fieldnames and len(names) == len(self._fieldnames):
-            self._append_buffer()
-            self._commit_buffer()
-        else:
-            self._rewrite_with_buffer(sorted(names))
-            self._commit_buffer()
-            fsync_directory(self._path.parent)
+        names = set(self._fieldnames).union(*buffer)
+        new_header = len(names) != len(self._fieldnames)
+        fieldnames = sorted(names) if new_header else self._fieldnames
+        self._storage.write(fieldnames, buffer, new_header=new_header)
+        self._fieldnames = fieldnames
+        self._rows_written += len(buffer)
+        self._last_step = int(buffer[-1][STEP])
+        self._buffer = []
+        self._storage.settle()
 
     def close(self) -> None:
-        """Flush, ``fsync`` and close the file. Closing again does nothing."""
+        """Flush, ``fsync`` (or merge the parts) and close the file. Closing again does nothing."""
         if self._closed:
             return
         try:
             self.flush()
-            if self._fd is not None:
-                os.fsync(self._fd)
+            self._storage.close()
         finally:
             self._closed = True
-            self._close_fd()
+            self._storage.discard()
 
     def __enter__(self) -> "RankMetricsWriter":
         return self
@@ -244,91 +266,24 @@ class RankMetricsWriter:
     ) -> None:
         self.close()
 
-    def _check_open(self) -> None:
-        if self._closed:
-            raise ValueError(f"The metrics writer for {self._path} is closed")
+    def _check_name(self, name: str, step: int) -> str:
+        check_metric_name(name, step)
+        column = self._columns[name] = column_name(name)
+        return column
 
-    def _cell(self, name: str, value: Cell, step: int) -> Cell:
-        if name not in self._checked_names:
-            check_metric_name(name, step)
-            self._checked_names.add(name)
-        kind = type(value)
-        if kind is float or kind is int:  # the usual case, checked without the (slower) ABC machinery
-            return value
-        if isinstance(value, bool) or not isinstance(value, numbers.Real):
-            raise TypeError(
-                f"Metric {name!r} at step {step}: expected an int or a float, got {type(value).__name__} {value!r}"
-                " (call .item() on a tensor)"
-            )
-        # plain int/float, so that NumPy scalars are written as numbers, not as "np.float64(...)"
-        return int(value) if isinstance(value, numbers.Integral) else float(value)
 
-    def _append_buffer(self) -> None:
-        data = encode_rows(self._fieldnames, self._buffer, header=False)
-        if self._fd is None:
-            self._fd = open_for_append(self._path)
-        try:
-            append_all(self._fd, data)
-        except BaseException:
-            # never leave a partial row for the next append to glue onto
-            with contextlib.suppress(OSError):
-                os.ftruncate(self._fd, self._size)
-            raise
-        self._size += len(data)
-
-    def _rewrite_with_buffer(self, fieldnames: list[str]) -> None:
-        existing: list[dict[str, str]] = []
-        if self._fieldnames:
-            with self._path.open(newline="", encoding="utf-8") as handle:
-                existing = list(csv.DictReader(handle))
-        data = encode_rows(fieldnames, [*existing, *self._buffer], header=True)
-        replace_atomically(self._path, data)
-        self._close_fd()  # it points to the replaced file
-        self._fieldnames = fieldnames
-        self._size = len(data)
-
-    def _commit_buffer(self) -> None:
-        self._rows_written += len(self._buffer)
-        self._buffer = []
-
-    def _close_fd(self) -> None:
-        if self._fd is not None:
-            fd, self._fd = self._fd, None
-            os.close(fd)
-
-    def _resume(self, last_step: int) -> None:
-        data = self._path.read_bytes()
-        complete = complete_prefix_length(data)
-        if complete < len(data):
-            warnings.warn(f"{self._path}: removed an incomplete last line (a write cut short)", RuntimeWarning, 3)
-            self._fd = open_for_append(self._path)
-            os.ftruncate(self._fd, complete)
-            os.fsync(self._fd)
-            data = data[:complete]
-        header, body, first_line = split_header(decode(data, self._path), self._path)
-        self._size = len(data)
-        if not header:
-            return
-        check_header(header, self._path)
-        records = list(iter_records(body, header, self._path, first_line))
-        at = header.index(STEP)
-        kept = [
-            dict(zip(header, record, strict=True))
-            for line, record in records
-            if whole_number(record[at], self._path, line, STEP) <= last_step
-        ]
-        if len(kept) < len(records):
-            data = encode_rows(header, kept, header=True)
-            replace_atomically(self._path, data)
-            self._close_fd()
-            fsync_directory(self._path.parent)
-            self._size = len(data)
-        self._fieldnames = header
-        self._rows_written = len(kept)
+def _number(name: str, value: object, step: int) -> Cell:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(
+            f"Metric {name!r} at step {step}: expected an int or a float, got {type(value).__name__} {value!r}"
+            " (call .item() on a tensor)"
+        )
+    # plain int/float, so that NumPy scalars are written as numbers, not as "np.float64(...)"
+    return int(value) if isinstance(value, numbers.Integral) else float(value)
 
 
 def read_rank_metrics(log_dir: StrPath, *, filename: str = DEFAULT_FILENAME) -> pd.DataFrame:
-    """Read every rank's metrics file under ``log_dir`` into one long table.
+    """Read every rank's metrics file under ``log_dir`` (a path or an fsspec URL) into one long table.
 
     Args:
         log_dir: the directory holding the per-rank files.
@@ -336,26 +291,29 @@ def read_rank_metrics(log_dir: StrPath, *, filename: str = DEFAULT_FILENAME) -> 
 
     Returns:
         One row per logged row, ordered by rank then file order. Columns: ``rank`` and ``step`` (int64), ``epoch``
-        (nullable Int64; all missing where no file has it), then one float64 column per metric, sorted by name. A
+        (nullable Int64; all missing where no file has it), then one float64 column per metric column of the files,
+        sorted by name (a metric named ``rank`` or ``step`` is the column ``metric:rank`` or ``metric:step``). A
         metric that a rank never logged is NaN on that rank's rows.
 
     Raises:
         FileNotFoundError: ``log_dir`` does not exist, or holds no per-rank file.
         RankMetricsError: a file is malformed (the message names the file, line, and column where it applies).
 
-    A last line cut short by a crash is skipped with a ``RuntimeWarning`` that names the file.
+    A :class:`RankMetricsWarning` names each rank whose file stopped early (see :func:`incomplete_ranks`), and each
+    last line cut short by a crash (that line is skipped).
 
     """
     check_template(filename)
-    root = Path(log_dir)
-    if not root.is_dir():
-        raise FileNotFoundError(f"No such log directory: {root}")
-    found = find_rank_files(root, filename)
-    if not found:
-        raise FileNotFoundError(f"No {filename.replace('{rank}', '<r>')} was found under {root}")
+    found = list_rank_files(os.fspath(log_dir), filename)
+    for rank, record in _markers(found).items():
+        where = found.shown(found.files[rank]) if rank in found.files else record.get("file", found.markers[rank])
+        message = f"rank {rank}: {where} is incomplete: {describe(record)} (marker: {found.shown(found.markers[rank])})"
+        warnings.warn(message, RankMetricsWarning, stacklevel=2)
+    if not found.ranks:
+        raise FileNotFoundError(f"No {filename.replace('{rank}', '<r>')} was found under {os.fspath(log_dir)}")
     frames = []
-    for rank, path in found:
-        frame = read_rank_file(path)
+    for rank in found.ranks:
+        frame = _read_rank(found, rank)
         frame.insert(0, RANK, rank)
         frames.append(frame)
     table = pd.concat(frames, ignore_index=True)
@@ -364,10 +322,34 @@ def read_rank_metrics(log_dir: StrPath, *, filename: str = DEFAULT_FILENAME) -> 
     return table[[RANK, STEP, EPOCH, *metrics]].astype(dtypes)
 
 
-def _rotate(path: Path) -> Path:
-    number = 1
-    while os.path.lexists(rotated := path.with_name(f"{path.name}.{number}")):
-        number += 1
-    os.rename(path, rotated)
-    fsync_directory(path.parent)
-    return rotated
+def incomplete_ranks(log_dir: StrPath, *, filename: str = DEFAULT_FILENAME) -> dict[int, str]:
+    """The ranks whose per-rank output stopped early, each with why: ``{rank: "stopped early after ...: reason"}``.
+
+    A rank's output stops when its file could not be written (a full or unwritable disk, an unreachable store) or
+    its local values could not be computed; training went on, and the per-rank logger left a marker (see
+    ``docs/per-rank-metrics.md``). A rank killed outright (``SIGKILL``) leaves no marker: compare the ranks' last
+    steps for that.
+
+    Raises:
+        FileNotFoundError: ``log_dir`` does not exist.
+
+    """
+    check_template(filename)
+    return {rank: describe(record) for rank, record in _markers(list_rank_files(os.fspath(log_dir), filename)).items()}
+
+
+def _markers(found: RankFiles) -> dict[int, dict[str, Any]]:
+    return {
+        rank: parse_marker(found.fs.cat_file(path), found.shown(path)) for rank, path in sorted(found.markers.items())
+    }
+
+
+def _read_rank(found: RankFiles, rank: int) -> pd.DataFrame:
+    chunks = read_chunks(found.fs, found.files[rank], found.parts.get(rank, []))
+    tables = [table for path, data in chunks if (table := parse_chunk(data, found.shown(path))) is not None]
+    if not tables:
+        return pd.DataFrame({STEP: pd.Series(dtype="int64"), EPOCH: pd.Series(dtype="Int64")})
+    table = pd.concat(tables, ignore_index=True) if len(tables) > 1 else tables[0]
+    epoch = table.pop(EPOCH).astype("Int64") if EPOCH in table else pd.Series(pd.NA, index=table.index, dtype="Int64")
+    table.insert(0, EPOCH, epoch)
+    return table.astype({STEP: "int64"})

@@ -68,6 +68,20 @@ def test_smoke_run_writes_json_markdown_and_png(smoke: tuple[Path, subprocess.Co
     markdown = (out / "smoke.md").read_text(encoding="utf-8")
     assert "| gloo | cpu | 2 | `checkpoint/mean` |" in markdown and "## Targets" in markdown
     assert "training step vs stock" in process.stdout and "GPU part" in process.stdout
+    assert "**one per-rank row: " in process.stdout and "## Per-rank row cost" in markdown
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_smoke_reports_the_cost_of_one_per_rank_row(smoke: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
+    document = _document(smoke[0])
+    (cost,) = document["per_rank_cost"]
+    assert cost["session"] == "gloo/cpu W=2" and cost["repeats"] == 1 and cost["rows"] == 60  # 10 x 6 steps
+    for figure in ("row_cpu_us", "row_wall_us", "step_cpu_us"):
+        spread = cost[figure]
+        assert spread["low"] <= spread["median"] <= spread["high"], figure
+    # measured, not assumed: a row costs something, and far less than a whole training step
+    assert 0 < cost["row_cpu_us"]["median"] < cost["stock_step_cpu_us"]
 
 
 @pytest.mark.slow
@@ -160,3 +174,24 @@ def test_bad_options_are_usage_errors(argv: list[str], capsys: pytest.CaptureFix
         main(argv)
     assert exit_.value.code == 2
     assert "error:" in capsys.readouterr().err
+
+
+def test_row_cost_pairs_each_repeat_with_its_own_stock_fit() -> None:
+    from benchmarks._row_cost import row_costs
+    from benchmarks._session import SessionResult
+    from benchmarks._training import TrainingResult
+
+    training = TrainingResult(
+        step_ns={"stock": [[1], [1]], "per_rank_metrics": [[1], [1]]},
+        # per-fit medians: stock 2000 then 9000 ns, per-rank 2600 then 8800 ns: +0.6 and -0.2 us
+        step_cpu_ns={"stock": [[1000, 2000, 3000], [9000]], "per_rank_metrics": [[2600, 2500, 2700], [8800]]},
+        row_loops=50,
+        row_ns=[7000.0, 5000.0, 6000.0],
+        row_cpu_ns=[4000.0, 6000.0, 5000.0],
+    )
+    (cost,) = row_costs([SessionResult(SessionSpec("gloo", "cpu", 2, training=True), training=training)])
+    assert (cost.session, cost.repeats, cost.rows) == ("gloo/cpu W=2", 3, 50)
+    assert (cost.row_cpu_us.median, cost.row_cpu_us.low, cost.row_cpu_us.high) == (5.0, 4.0, 6.0)
+    assert (cost.row_wall_us.median, cost.row_wall_us.low, cost.row_wall_us.high) == (6.0, 5.0, 7.0)
+    assert (cost.step_cpu_us.low, cost.step_cpu_us.high) == pytest.approx((-0.2, 0.6))
+    assert cost.step_cpu_us.median == pytest.approx(0.2) and cost.stock_step_cpu_us == pytest.approx(5.5)

@@ -3,6 +3,7 @@
 import math
 import subprocess
 import sys
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -91,7 +92,7 @@ def test_ranks_plot_without_matplotlib_exits_2_with_the_install_hint(log_dir, tm
 )
 def test_ranks_errors_are_one_line_with_exit_code_1(log_dir, capsys, arguments, message):
     if "line 2" in message:
-        rank_metrics_path(log_dir, 1).write_bytes(b"loss,step\r\n1,0,0\r\n")
+        Path(rank_metrics_path(log_dir, 1)).write_bytes(b"loss,step\r\n1,0,0\r\n")
     assert main(["ranks", *[argument.format(log_dir=log_dir) for argument in arguments]]) == 1
     out, err = capsys.readouterr()
     assert err.startswith(f"lightning-ext ranks: error: {message.format(log_dir=log_dir)}")
@@ -99,10 +100,10 @@ def test_ranks_errors_are_one_line_with_exit_code_1(log_dir, capsys, arguments, 
 
 
 def test_ranks_reports_a_torn_line_as_a_warning_line(log_dir, capsys):
-    with rank_metrics_path(log_dir, 1).open("ab") as handle:
+    with Path(rank_metrics_path(log_dir, 1)).open("ab") as handle:
         handle.write(b"3.0,")
     assert main(["ranks", str(log_dir)]) == 0
-    torn = rank_metrics_path(log_dir, 1)
+    torn = Path(rank_metrics_path(log_dir, 1))
     expected = f"lightning-ext ranks: warning: {torn}, line 4: ignored an incomplete last line (a write cut short)\n"
     assert capsys.readouterr().err == expected
 

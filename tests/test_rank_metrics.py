@@ -21,7 +21,7 @@ TRICKY_NAMES = ["loss", "a,b", 'say "hi"', "two\nlines", "cr\rlf\r\n", "ünïcø
 NAMES = st.one_of(
     st.sampled_from(TRICKY_NAMES),
     st.text(st.characters(exclude_categories=("Cs",), exclude_characters="\0"), min_size=1, max_size=8).filter(
-        lambda name: name not in ("step", "rank", "epoch")
+        lambda name: name not in ("step", "rank", "epoch") and not name.startswith("metric:")
     ),
 )
 VALUES = st.one_of(
@@ -64,7 +64,7 @@ def test_property_bytes_equal_stock_experiment_writer(calls, flush_every):
             stock.log_metrics(dict(metrics), step)
             stock.save()
         ours = write(Path(directory, "ours", "metrics.csv"), calls, flush_every_n_rows=flush_every)
-        assert ours.path.read_bytes() == Path(stock.metrics_file_path).read_bytes()
+        assert Path(ours.path).read_bytes() == Path(stock.metrics_file_path).read_bytes()
 
 
 @given(ranks=st.lists(call_sequences(), min_size=1, max_size=3), flush_every=st.integers(1, 5))
@@ -72,7 +72,7 @@ def test_property_reader_returns_exactly_what_was_written(ranks, flush_every):
     with tempfile.TemporaryDirectory() as directory:
         expected_rows = []
         for rank, calls in enumerate(ranks):
-            write(rank_metrics_path(directory, rank), calls, flush_every_n_rows=flush_every)
+            write(Path(rank_metrics_path(directory, rank)), calls, flush_every_n_rows=flush_every)
             expected_rows += [{"rank": rank, "step": step, **metrics} for metrics, step in calls]
         table = read_rank_metrics(directory)
     metrics = sorted({name for calls in ranks for row, _ in calls for name in row})
@@ -110,7 +110,7 @@ def test_rows_are_buffered_and_each_flush_is_one_write(tmp_path, monkeypatch):
 
 def test_numpy_scalars_are_written_as_numbers(tmp_path):
     writer = write(tmp_path / "m.csv", [({"a": np.float64(0.1), "b": np.float32(0.5), "c": np.int64(7)}, 0)])
-    assert writer.path.read_bytes() == b"a,b,c,step\r\n0.1,0.5,7,0\r\n"
+    assert Path(writer.path).read_bytes() == b"a,b,c,step\r\n0.1,0.5,7,0\r\n"
 
 
 @pytest.mark.parametrize(
@@ -121,8 +121,6 @@ def test_numpy_scalars_are_written_as_numbers(tmp_path):
         ({"flag": True}, 5, TypeError, r"'flag' at step 5"),
         ({"loss": 1.0}, 2.0, TypeError, r"step must be an int, got float"),
         ({"loss": 1.0}, True, TypeError, r"step must be an int, got bool"),
-        ({"step": 1.0}, 6, ValueError, r"'step' is reserved"),
-        ({"rank": 1.0}, 7, ValueError, r"'rank' is reserved"),
         ({"": 1.0}, 8, ValueError, r"non-empty"),
         ({3: 1.0}, 9, TypeError, r"Metric names must be str, got int 3 at step 9"),
         ({"bad\ud800": 1.0}, 10, ValueError, r"UTF-8"),
@@ -148,7 +146,7 @@ def steps_in(path: Path) -> list[int]:
 
 
 def test_resume_keeps_earlier_rows_drops_later_ones_and_never_duplicates_a_step(tmp_path):
-    path = rank_metrics_path(tmp_path, 0)
+    path = Path(rank_metrics_path(tmp_path, 0))
     write(path, [({"loss": step / 2}, step) for step in range(10)])
     before = path.read_bytes()
     with warnings.catch_warnings():
@@ -188,21 +186,21 @@ def test_resume_refuses_a_malformed_file_and_leaves_it_alone(tmp_path):
 
 
 def test_a_fresh_run_rotates_the_old_file_and_deletes_nothing(tmp_path):
-    path = rank_metrics_path(tmp_path, 0)
-    first = write(path, [({"loss": 1.0}, 0)]).path.read_bytes()
+    path = Path(rank_metrics_path(tmp_path, 0))
+    first = Path(write(path, [({"loss": 1.0}, 0)]).path).read_bytes()
     second_writer = write(path, [({"loss": 2.0}, 0)])
     second = path.read_bytes()
     third_writer = write(path, [({"loss": 3.0}, 0)])
-    assert second_writer.rotated_to == path.with_name("metrics.csv.1")
-    assert third_writer.rotated_to == path.with_name("metrics.csv.2")
+    assert second_writer.rotated_to == str(path.with_name("metrics.csv.1"))
+    assert third_writer.rotated_to == str(path.with_name("metrics.csv.2"))
     assert path.with_name("metrics.csv.1").read_bytes() == first
     assert path.with_name("metrics.csv.2").read_bytes() == second
     assert read_rank_metrics(tmp_path)["loss"].tolist() == [3.0]
 
 
 def test_epoch_is_nullable_int_and_columns_are_the_union_over_ranks(tmp_path):
-    write(rank_metrics_path(tmp_path, 1), [({"loss": 0.5}, 0)])
-    write(rank_metrics_path(tmp_path, 0), [({"loss": 1.0, "epoch": 0, "only_zero": 2.0}, 0), ({"epoch": 1}, 1)])
+    write(Path(rank_metrics_path(tmp_path, 1)), [({"loss": 0.5}, 0)])
+    write(Path(rank_metrics_path(tmp_path, 0)), [({"loss": 1.0, "epoch": 0, "only_zero": 2.0}, 0), ({"epoch": 1}, 1)])
     table = read_rank_metrics(tmp_path)
     assert list(table.columns) == ["rank", "step", "epoch", "loss", "only_zero"]
     assert str(table["epoch"].dtype) == "Int64"
@@ -212,9 +210,9 @@ def test_epoch_is_nullable_int_and_columns_are_the_union_over_ranks(tmp_path):
 
 
 def test_a_header_only_file_is_a_rank_without_rows(tmp_path):
-    write(rank_metrics_path(tmp_path, 0), [({"loss": 1.0}, 0)])
-    rank_metrics_path(tmp_path, 1).parent.mkdir()
-    rank_metrics_path(tmp_path, 1).write_bytes(b"acc,step\r\n")
+    write(Path(rank_metrics_path(tmp_path, 0)), [({"loss": 1.0}, 0)])
+    Path(rank_metrics_path(tmp_path, 1)).parent.mkdir()
+    Path(rank_metrics_path(tmp_path, 1)).write_bytes(b"acc,step\r\n")
     table = read_rank_metrics(tmp_path)
     assert table["rank"].tolist() == [0] and list(table.columns) == ["rank", "step", "epoch", "acc", "loss"]
 
@@ -231,7 +229,7 @@ def test_a_custom_file_name_template(tmp_path):
 
 
 def put(tmp_path: Path, rank: int, content: bytes) -> Path:
-    path = rank_metrics_path(tmp_path, rank)
+    path = Path(rank_metrics_path(tmp_path, rank))
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(content)
     return path
@@ -272,3 +270,28 @@ def test_missing_or_empty_directory(tmp_path):
     (tmp_path / "rank_x" / "metrics.csv").write_bytes(b"loss,step\r\n")
     with pytest.raises(FileNotFoundError, match=re.escape("No rank_<r>/metrics.csv was found")):
         read_rank_metrics(tmp_path)
+
+
+def test_reserved_names_are_written_under_their_own_columns_and_read_back(tmp_path):
+    path = Path(rank_metrics_path(tmp_path, 0))
+    with RankMetricsWriter(path) as writer:
+        writer.log_metrics({"rank": 3.0, "step": 7, "metric:x": 1.0, "loss": 0.5}, step=2)
+        writer.log_metrics({"rank": 4.0}, step=3)
+    assert path.read_bytes() == (
+        b"loss,metric:metric:x,metric:rank,metric:step,step\r\n0.5,1.0,3.0,7,2\r\n,,4.0,,3\r\n"
+    )
+    table = read_rank_metrics(tmp_path)
+    assert list(table.columns) == ["rank", "step", "epoch", "loss", "metric:metric:x", "metric:rank", "metric:step"]
+    assert table["rank"].tolist() == [0, 0] and table["step"].tolist() == [2, 3]  # the reader's own columns
+    assert table["metric:rank"].tolist() == [3.0, 4.0] and table["metric:step"].tolist()[0] == 7.0
+    assert list(pd.read_csv(path).columns) == ["loss", "metric:metric:x", "metric:rank", "metric:step", "step"]
+
+
+@pytest.mark.parametrize("name", ["run [1]", "a*b?c", "{x}"])
+def test_log_directories_with_glob_characters(tmp_path, name):
+    log_dir = tmp_path / name
+    for rank in (0, 1):
+        with RankMetricsWriter.for_rank(log_dir, rank, flush_every_n_rows=1) as writer:
+            writer.log_metrics({"loss": float(rank)}, step=0)
+    (tmp_path / "run 1").mkdir()  # what "run [1]" would match as a pattern
+    assert read_rank_metrics(log_dir)["loss"].tolist() == [0.0, 1.0]

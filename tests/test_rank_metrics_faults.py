@@ -30,7 +30,7 @@ def read_quietly(log_dir: Path):
 
 @pytest.mark.timeout(DEADLINE_S)
 def test_sigkill_mid_run_keeps_every_flushed_row_and_tears_none(tmp_path):
-    path = rank_metrics_path(tmp_path, 0)
+    path = Path(rank_metrics_path(tmp_path, 0))
     child = subprocess.Popen([sys.executable, str(SCRIPT), "loop", str(path), "7"], stdout=subprocess.PIPE)
     reports = b""
     try:
@@ -69,7 +69,7 @@ def test_sigkill_mid_run_keeps_every_flushed_row_and_tears_none(tmp_path):
 @pytest.mark.timeout(DEADLINE_S)
 @pytest.mark.parametrize("stage", CRASH_STAGES)
 def test_a_crash_at_any_stage_of_a_header_rewrite_loses_no_earlier_row(tmp_path, stage):
-    path = rank_metrics_path(tmp_path, 0)
+    path = Path(rank_metrics_path(tmp_path, 0))
     child = subprocess.run(
         [sys.executable, str(SCRIPT), "crash", stage, str(path)], capture_output=True, timeout=DEADLINE_S
     )
@@ -101,7 +101,7 @@ def test_a_failed_header_rewrite_keeps_the_old_file_and_a_retry_writes_each_row_
     writer.log_metrics({"loss": 3.0, "acc": 0.5}, step=3)
     with monkeypatch.context() as patch:
         if stage == "fsync_directory":  # after the rename: the new file is in place
-            patch.setattr("lightning_ext.rank_metrics.fsync_directory", fail)
+            patch.setattr("lightning_ext._rank_storage.fsync_directory", fail)
         else:
             patch.setattr(os, stage, fail)
         with pytest.raises(OSError, match="No space left"):
@@ -140,7 +140,7 @@ TORN = b"acc,loss,step\r\n0.5,1.0,0\r\n0.5,2.0,1\r\n0.5,3."
 
 
 def test_the_reader_skips_a_torn_last_line_with_a_warning_naming_the_file(tmp_path):
-    path = rank_metrics_path(tmp_path, 0)
+    path = Path(rank_metrics_path(tmp_path, 0))
     path.parent.mkdir()
     path.write_bytes(TORN)
     with pytest.warns(RuntimeWarning, match=re.escape(f"{path}, line 4: ignored an incomplete last line")):
@@ -163,7 +163,7 @@ def test_the_writer_repairs_a_torn_last_line_when_it_resumes(tmp_path):
 
 
 def test_a_torn_header_is_refused_rather_than_guessed(tmp_path):
-    path = rank_metrics_path(tmp_path, 0)
+    path = Path(rank_metrics_path(tmp_path, 0))
     path.parent.mkdir()
     path.write_bytes(b'"acc\nloss",st')  # cut right after a newline inside a quoted name
     message = re.escape(f"{path}, line 1: unreadable header")

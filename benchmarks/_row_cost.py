@@ -1,0 +1,93 @@
+"""What one per-rank row costs, in microseconds, with its spread over the repeats.
+
+Two figures per training session, each the median over the repeats with the lowest and highest value:
+
+* **per-rank row**: the row loop's time per row in each timed per-rank fit (see :mod:`benchmarks._training`), in
+  CPU time of the main thread and in wall time. This is the absolute cost of one row in a rank's file: capturing
+  the local values of the row's two ``self.log`` calls, pairing them with the row, the per-rank logger's
+  ``log_metrics`` and its share of the flushes to disk.
+* **per training step**: the median step CPU time with per-rank metrics minus stock's, per pair of timed fits (run
+  back to back). It holds one per-rank row per step plus whatever else differs, and the noise of a whole step.
+"""
+
+import statistics
+from dataclasses import dataclass
+
+from benchmarks._session import SessionResult
+
+_STEP_SUBJECTS = ("training_step/per_rank_metrics", "training_step_cpu/per_rank_metrics")
+
+__all__ = ["RowCost", "Spread", "cost_lines", "row_costs"]
+
+
+@dataclass(frozen=True)
+class Spread:
+    """A median over the repeats, and the lowest and highest value."""
+
+    median: float
+    low: float
+    high: float
+
+    @classmethod
+    def of(cls, values: list[float]) -> "Spread":
+        """The spread of ``values`` (at least one)."""
+        return cls(statistics.median(values), min(values), max(values))
+
+    def __str__(self) -> str:
+        return f"{self.median:.1f} µs (range {self.low:.1f} to {self.high:.1f})"
+
+
+@dataclass(frozen=True)
+class RowCost:
+    """The per-rank row's cost in one session (see the module docstring); the JSON ``per_rank_cost`` entry."""
+
+    session: str
+    repeats: int
+    rows: int
+    row_cpu_us: Spread
+    row_wall_us: Spread
+    step_cpu_us: Spread
+    stock_step_cpu_us: float
+
+
+def row_costs(results: list[SessionResult]) -> list[RowCost]:
+    """One :class:`RowCost` per session that measured the training step."""
+    costs = []
+    for result in results:
+        training = result.training
+        if training is None or not training.row_cpu_ns:
+            continue
+        step_medians = {
+            config: [statistics.median(fit) for fit in fits] for config, fits in training.step_cpu_ns.items()
+        }
+        pairs = zip(step_medians["per_rank_metrics"], step_medians["stock"], strict=True)  # repeat by repeat
+        step_cpu = [(ours - stock) / 1000 for ours, stock in pairs]
+        costs.append(
+            RowCost(
+                session=result.spec.label,
+                repeats=len(training.row_cpu_ns),
+                rows=training.row_loops,
+                row_cpu_us=Spread.of([ns / 1000 for ns in training.row_cpu_ns]),
+                row_wall_us=Spread.of([ns / 1000 for ns in training.row_ns]),
+                step_cpu_us=Spread.of(step_cpu),
+                stock_step_cpu_us=statistics.median(step_medians["stock"]) / 1000,
+            )
+        )
+    return costs
+
+
+def cost_lines(costs: list[RowCost], ratios: dict[tuple[str, str], float]) -> list[str]:
+    """The Markdown section: one bullet per figure and session; ``ratios[(session, subject)]`` as in the table."""
+    lines = []
+    for cost in costs:
+        wall, cpu = (ratios.get((cost.session, subject), float("nan")) for subject in _STEP_SUBJECTS)
+        lines += [
+            f"- {cost.session}, **training step with per-rank metrics: {wall:.3f}x stock in wall time** (target"
+            f" ≤ 1.03x), {cpu:.3f}x in CPU time (median of the paired ratios).",
+            f"- {cost.session}, **one per-rank row: {cost.row_cpu_us.median:.1f} µs of CPU time** (median over"
+            f" {cost.repeats} fits of {cost.rows} rows each; range {cost.row_cpu_us.low:.1f} to"
+            f" {cost.row_cpu_us.high:.1f}); wall time {cost.row_wall_us}.",
+            f"- {cost.session}, per training step: {cost.step_cpu_us} of CPU time more than stock's"
+            f" {cost.stock_step_cpu_us:.1f} µs ({cost.repeats} paired fits; a whole step's noise included).",
+        ]
+    return lines

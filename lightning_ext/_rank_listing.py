@@ -1,0 +1,88 @@
+"""Finding every rank's file, its parts and its incomplete-marker under a log directory, on any fsspec filesystem.
+
+One listing (a glob) finds them all: for the template ``rank_{rank}/metrics.csv``, ``rank_<r>/metrics.csv`` (the
+file), ``rank_<r>/metrics.csv.part-<token>-<n>`` (parts on object stores, see :mod:`lightning_ext._parted_file`),
+``rank_<r>/metrics.csv.incomplete`` and ``rank_<r>_metrics.csv.incomplete`` (markers, see
+:mod:`lightning_ext._incomplete`). A rank is spelled as Python writes an int: ``rank_01`` is not rank 1's.
+"""
+
+import os
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from fsspec import AbstractFileSystem
+
+from lightning_ext._incomplete import SUFFIX
+from lightning_ext._rank_storage import glob_escape, split_location
+
+__all__ = ["RankFiles", "list_rank_files"]
+
+_RANK = "(0|[1-9][0-9]*)"
+
+
+@dataclass
+class RankFiles:
+    """What :func:`list_rank_files` found, by rank; paths are the filesystem's, :attr:`shown` makes them readable."""
+
+    fs: AbstractFileSystem
+    shown: Callable[[str], str]
+    files: dict[int, str] = field(default_factory=dict)
+    parts: dict[int, list[str]] = field(default_factory=dict)
+    markers: dict[int, str] = field(default_factory=dict)
+
+    @property
+    def ranks(self) -> list[int]:
+        """Every rank with a file or parts (not those with a marker only)."""
+        return sorted(self.files.keys() | self.parts.keys())
+
+
+def list_rank_files(log_dir: str, filename: str) -> RankFiles:
+    """Every rank's file, parts and marker under ``log_dir`` (a path or an fsspec URL).
+
+    Raises:
+        FileNotFoundError: ``log_dir`` is not a directory.
+
+    """
+    fs, root, local = split_location(log_dir)
+    if not fs.isdir(root):
+        raise FileNotFoundError(f"No such log directory: {log_dir}")
+    base = fs._strip_protocol(root).rstrip("/") if local else root.rstrip("/")
+    shown: Callable[[str], str] = (
+        (lambda path: os.path.join(log_dir, path[len(base) + 1 :])) if local else fs.unstrip_protocol
+    )
+    found = RankFiles(fs, shown)
+    prefix, suffix = filename.split("{rank}")
+    own = re.compile(
+        re.escape(prefix) + _RANK + re.escape(suffix) + r"(|\.part-[0-9a-f]{16}-[0-9]+|" + re.escape(SUFFIX) + ")"
+    )
+    patterns = [_pattern(base, prefix, suffix)]
+    flat = None
+    if "/" in filename:
+        flat_prefix, flat_suffix = prefix.replace("/", "_"), suffix.replace("/", "_")
+        flat = re.compile(re.escape(flat_prefix) + _RANK + re.escape(flat_suffix + SUFFIX))
+        patterns.append(f"{glob_escape(base)}/{glob_escape(flat_prefix)}*{glob_escape(flat_suffix + SUFFIX)}")
+    fallbacks: dict[int, str] = {}
+    listed = {path: info for pattern in patterns for path, info in fs.glob(pattern, detail=True).items()}
+    for path in sorted(listed):
+        relative = path[len(base) + 1 :]
+        if listed[path].get("type") == "directory":
+            continue
+        if (match := own.fullmatch(relative)) is not None:
+            rank, tail = int(match[1]), match[2]
+            if tail == "":
+                found.files[rank] = path
+            elif tail == SUFFIX:
+                found.markers[rank] = path
+            else:
+                found.parts.setdefault(rank, []).append(path)
+        elif flat is not None and (match := flat.fullmatch(relative)) is not None:
+            fallbacks[int(match[1])] = path
+    for rank, paths in found.parts.items():
+        found.files.setdefault(rank, paths[0][: paths[0].rindex(".part-")])
+    found.markers = {**fallbacks, **found.markers}  # beside the file first
+    return found
+
+
+def _pattern(base: str, prefix: str, suffix: str) -> str:
+    return f"{glob_escape(base)}/{glob_escape(prefix)}*" + (f"{glob_escape(suffix)}*" if suffix else "")

@@ -1,0 +1,163 @@
+"""``Trainer.fit`` runs for the per-rank isolation and remote-storage tests, run on every rank of a rank pool.
+
+Each rank logs, per step, ``loss`` (synced, step and epoch) and ``own`` (not synced), optionally ``rank`` (synced: a
+reserved name) and ``tm``, a ``torchmetrics`` mean whose *local* ``compute()`` raises on one rank. A fault can be
+put on one rank: ``"enospc"`` (``os.write`` to its metrics file fails with ``ENOSPC`` after a few writes: a full
+disk, injected at the OS boundary) or ``"dir_is_file"`` (a file stands where its directory should be). The run
+itself is real: DDP, gloo, Lightning's loops and loggers.
+
+Rank ``r``'s value at (epoch ``e``, batch ``b``) is ``100 e + 10 r + b``; the parent derives every expected cell from
+that formula.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
+from typing import Any
+
+import lightning as L
+import torch
+import torch.distributed as dist
+import torchmetrics
+from lightning.pytorch.loggers import CSVLogger
+from torch.utils.data import DataLoader, TensorDataset
+
+from lightning_ext import PerRankMetrics, PolicyDDPStrategy, read_rank_metrics
+from lightning_ext.rank_metrics import RankMetricsWarning
+from tests._s3 import use_s3
+
+VERSION = "v"
+
+
+class LocallyFailingMean(torchmetrics.MeanMetric):
+    """A mean whose un-synced ``compute()`` raises on one rank; the synced one (what Lightning logs) works."""
+
+    def __init__(self, failing_rank: int) -> None:
+        super().__init__()
+        self.failing_rank = failing_rank
+
+    def compute(self) -> torch.Tensor:
+        if not self._to_sync and dist.get_rank() == self.failing_rank:
+            raise RuntimeError(f"local compute failed on rank {self.failing_rank}")
+        return super().compute()
+
+
+class Model(L.LightningModule):
+    def __init__(self, log_rank: bool, failing_metric_rank: int | None) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(2, 1)
+        self.log_rank = log_rank
+        self.tm = None if failing_metric_rank is None else LocallyFailingMean(failing_metric_rank)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        value = torch.tensor(100.0 * self.current_epoch + 10 * self.global_rank + batch_idx)
+        self.log("loss", value, on_step=True, on_epoch=True, sync_dist=True)
+        self.log("own", value + 0.5, on_step=True, on_epoch=False)
+        if self.log_rank:
+            self.log("rank", torch.tensor(float(self.global_rank)), on_step=True, on_epoch=False, sync_dist=True)
+        if self.tm is not None:
+            self.tm.update(value)
+            self.log("tm", self.tm, on_step=False, on_epoch=True)
+        return self.layer(batch[0]).sum() * 0.0
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.0)
+
+
+def fit(root: str, *, s3: dict[str, Any] | None = None, **options: Any) -> dict[str, Any]:
+    """Fit on this rank; returns how the run ended, this rank's RankMetricsWarnings, and optionally its own table.
+
+    ``s3``: the options that reach the test S3 server (``tests/_s3.py``), set for the whole run.
+    """
+    with use_s3(s3) if s3 is not None else nullcontext():
+        return _fit(root, **options)
+
+
+def _fit(
+    root: str,
+    *,
+    epochs: int = 2,
+    batches: int = 3,
+    flush_every: int = 100,
+    fault: str | None = None,
+    fault_rank: int = 1,
+    log_rank: bool = False,
+    failing_metric_rank: int | None = None,
+    read_back: bool = False,
+) -> dict[str, Any]:
+    world, rank = dist.get_world_size(), dist.get_rank()
+    log_dir = f"{root}/lightning_logs/{VERSION}" if "://" in root else os.path.join(root, "lightning_logs", VERSION)
+    faulty = fault if rank == fault_rank else None
+    if faulty == "dir_is_file":
+        os.makedirs(log_dir, exist_ok=True)
+        with open(os.path.join(log_dir, f"rank_{rank}"), "w") as handle:
+            handle.write("a file where this rank's directory should be")
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=world,
+        strategy=PolicyDDPStrategy(per_rank_metrics=PerRankMetrics(flush_every_n_rows=flush_every)),
+        max_epochs=epochs,
+        logger=CSVLogger(root, version=VERSION),
+        log_every_n_steps=1,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        deterministic=True,
+    )
+    data = DataLoader(TensorDataset(torch.zeros(batches * world, 2)), batch_size=1)
+    with _full_disk(log_dir) if faulty == "enospc" else nullcontext():
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            trainer.fit(Model(log_rank, failing_metric_rank), data)
+        table = read_rank_metrics(trainer.log_dir).to_dict(orient="list") if read_back else None
+    return {
+        "rank": rank,
+        "log_dir": trainer.log_dir,
+        "status": trainer.state.status.value,
+        "global_step": trainer.global_step,
+        "warnings": [str(w.message) for w in caught if issubclass(w.category, RankMetricsWarning)],
+        "table": table,
+    }
+
+
+@contextmanager
+def _full_disk(log_dir: str, allowed: int = 2) -> Iterator[None]:
+    """``os.write`` to this rank's metrics file (or its temporary copy) fails with ENOSPC after ``allowed`` writes.
+
+    The descriptors are recognised where they are opened (``os.open``), so nothing else this process writes is hit.
+    """
+    real_open, real_write, real_close = os.open, os.write, os.close
+    target = re.compile(r"metrics\.csv|\.metrics\.csv\.[0-9]+\.tmp")
+    directory = os.path.abspath(log_dir)
+    watched: set[int] = set()
+    seen = [0]
+
+    def open_(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+        fd = real_open(path, flags, *args, **kwargs)
+        full = os.path.abspath(os.fspath(path))
+        if full.startswith(directory) and target.fullmatch(os.path.basename(full)):
+            watched.add(fd)
+        return fd
+
+    def write(fd: int, data: Any) -> int:
+        if fd in watched:
+            seen[0] += 1
+            if seen[0] > allowed:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_write(fd, data)
+
+    def close(fd: int) -> None:
+        watched.discard(fd)
+        real_close(fd)
+
+    os.open, os.write, os.close = open_, write, close
+    try:
+        yield
+    finally:
+        os.open, os.write, os.close = real_open, real_write, real_close
