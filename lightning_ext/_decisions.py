@@ -37,6 +37,7 @@ from torch import Tensor
 from lightning_ext._collective import RankGroup, all_gather_objects, all_reduce_row
 from lightning_ext._exchange import Agreement, Layout, Observation, pack, unpack
 from lightning_ext._local_top_k import LocalTopK
+from lightning_ext._lockstep import mark_joint
 from lightning_ext.errors import LocalDecisionError, MonitorMissingError
 from lightning_ext.policies import AggregatePolicy, DecisionPolicy, VotePolicy, VoteTally
 
