@@ -82,9 +82,7 @@ class HangGuard:
         checks = _log_checks.active()
         if self.lockstep is None or checks is None or not _collective.is_world(group) or not isinstance(tensor, Tensor):
             return reduce(tensor, group=group, reduce_op=reduce_op)
-        point = _log_checks.point_for_reduce(checks, tensor, reduce_op)
-        if point is not None:
-            self.lockstep.require(point)
+        _log_checks.check_reduce(checks, tensor, reduce_op)
         with _collective.lightning_barrier_skipped():  # the check above is that barrier
             return reduce(tensor, group=group, reduce_op=reduce_op)
 

@@ -18,6 +18,7 @@ row, so every rank reaches the same verdict: the ranks agree exactly when ``max(
 A check where every rank agrees costs one small collective and no store traffic.
 """
 
+import dataclasses
 import functools
 import hashlib
 import threading
@@ -52,11 +53,19 @@ class Point:
     identity: tuple[Any, ...]
     where: str
     detail: Any = field(default=None, compare=False)
+    position: int = field(default=0, compare=False)  # set on the error path: where in the run (a batch number)
 
     @property
     def fingerprint(self) -> int:
         """A 62-bit digest of ``identity`` (so that ``-f`` fits an int64 too)."""
         return _fingerprint(self.identity)
+
+
+def _at(fingerprint: int, position: int) -> int:
+    """``fingerprint`` made specific to ``position`` (still 62 bits)."""
+    if not position:
+        return fingerprint
+    return (fingerprint ^ (position * 0x9E3779B97F4A7C15)) & 0x3FFFFFFFFFFFFFFF
 
 
 @functools.lru_cache(maxsize=4096)
@@ -86,13 +95,13 @@ class Lockstep:
         self._fillers: list[Any] = []
         watchdog.on_error = self.complete_pending
 
-    def agree(self, point: Point) -> bool:
-        """Whether every rank is at the same point. Raises the posted error if the run is already failing."""
+    def agree(self, point: Point, position: int = 0) -> bool:
+        """Whether every rank is at the same point (and ``position``, e.g. the batch). Raises a posted error."""
         posted = self.watchdog.posted()
         if posted is not None:
             self._before_error()
             raise_record(posted)
-        fingerprint = point.fingerprint
+        fingerprint = _at(point.fingerprint, position)
         with self._lock:
             self.count += 1
             row, work = _collective.start_max_reduce([fingerprint, -fingerprint], self.group)
@@ -101,10 +110,18 @@ class Lockstep:
         high, negated_low = row.tolist()
         return bool(high == -negated_low)
 
-    def require(self, point: Point) -> None:
-        """Check ``point``; if the ranks differ, raise the same error, naming every rank's point, on every rank."""
-        if not self.agree(point):
-            self.fail_jointly(divergence_error(self.gather(point)))
+    def require(self, point: Point, position: int = 0, label: str = "") -> None:
+        """Check ``point``; if the ranks differ, raise the same error, naming every rank's point, on every rank.
+
+        Args:
+            point: what this rank is about to do.
+            position: where in the run it does it (the batch number of a step value), part of what must agree.
+            label: ``position`` for people (``"batch 12"``), added to the point's description on the error path.
+
+        """
+        if not self.agree(point, position):
+            mine = dataclasses.replace(point, where=f"{point.where} at {label}", position=position) if label else point
+            self.fail_jointly(divergence_error(self.gather(mine)))
 
     def gather(self, point: Point) -> list[Point]:
         """Every rank's point (after a check that found them different: every rank calls this then)."""

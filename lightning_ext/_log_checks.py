@@ -24,7 +24,17 @@ from typing import Any
 
 from lightning_ext._lockstep import Lockstep, Point
 
-__all__ = ["LogChecks", "active", "epoch_round", "point_for_reduce", "start", "stop", "syncing", "user_site"]
+__all__ = [
+    "LogChecks",
+    "active",
+    "batch_started",
+    "check_reduce",
+    "epoch_round",
+    "start",
+    "stop",
+    "syncing",
+    "user_site",
+]
 
 # per logged metric: where it was first logged, and its points (kept outside the metric: Lightning moves every value
 # in a _ResultMetric's __dict__ between devices)
@@ -41,6 +51,8 @@ class LogChecks:
     phase: str = ""  # "step" or "epoch"
     part: int = 0  # the how-many-th sync of this metric in this phase (a mean syncs its sum, then its count)
     covered: bool = False  # an epoch round's check already covered the per-key syncs
+    batches: int = 0  # batches started on this rank (every stage): a step value's sync must happen at the same one
+    rounds: int = 0  # epoch rounds checked on this rank: an epoch value's sync must happen in the same one
 
 
 _ACTIVE: LogChecks | None = None
@@ -61,6 +73,13 @@ def stop() -> None:
 def active() -> LogChecks | None:
     """The running checks, if any."""
     return _ACTIVE
+
+
+def batch_started() -> None:
+    """A train or evaluation batch starts (the logger connector's ``on_batch_start`` seam)."""
+    checks = _ACTIVE
+    if checks is not None:
+        checks.batches += 1
 
 
 @contextmanager
@@ -92,7 +111,8 @@ def epoch_round(results: Any) -> Iterator[None]:
         keys = tuple((entry["fx"], entry["name"], entry["dataloader"], entry["reduce"]) for entry in entries)
         names = ", ".join(repr(entry["name"]) for entry in entries)
         where = f"the epoch-end sync of {names}"
-        checks.lockstep.require(Point("epoch_logs", ("epoch_logs", keys), where, entries))
+        checks.rounds += 1
+        checks.lockstep.require(Point("epoch_logs", ("epoch_logs", keys), where, entries), checks.rounds)
     checks.covered = bool(entries)
     try:
         yield
@@ -100,15 +120,25 @@ def epoch_round(results: Any) -> Iterator[None]:
         checks.covered = False
 
 
-def point_for_reduce(checks: LogChecks, tensor: Any, reduce_op: Any) -> Point | None:
-    """The point of one ``strategy.reduce`` call, or ``None`` if an epoch round's check already covered it."""
+def check_reduce(checks: LogChecks, tensor: Any, reduce_op: Any) -> None:
+    """Check one ``strategy.reduce`` call: a logged value's sync (at its batch or epoch round), or another reduce."""
     metric = checks.metric
     if metric is None:
         site = user_site()
         identity = ("reduce", str(reduce_op), str(tensor.dtype), tuple(tensor.shape))
-        return Point("collective", identity, f"strategy.reduce(..., reduce_op={reduce_op!r}) called from {site}")
+        where = f"strategy.reduce(..., reduce_op={reduce_op!r}) called from {site}"
+        checks.lockstep.require(Point("collective", identity, where))
+        return
     if checks.covered and checks.phase == "epoch":
-        return None
+        return
+    point = _log_point(checks, metric)
+    if checks.phase == "step":
+        checks.lockstep.require(point, checks.batches, f"batch {checks.batches}")
+    else:
+        checks.lockstep.require(point, -checks.rounds - 1, f"epoch round {checks.rounds}")
+
+
+def _log_point(checks: LogChecks, metric: Any) -> Point:
     part, checks.part = checks.part, checks.part + 1
     cache = _POINTS.setdefault(metric, {})
     point = cache.get((checks.phase, part))

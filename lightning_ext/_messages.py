@@ -93,6 +93,22 @@ def _uneven_headline(points: Sequence[Point]) -> str:
 
 
 def _logging_headline(points: Sequence[Point]) -> str:
+    if all(point.kind == "epoch_logs" for point in points):
+        return _epoch_keys_headline(points)
+    logged = [point for point in points if point.kind == "log"]
+    first = min(point.position for point in logged) if logged else 0
+    culprits = {(p.detail["name"], p.detail["fx"], p.detail["site"]) for p in logged if p.position == first}
+    parts = []
+    for name, fx, site in sorted(culprits):
+        having = [
+            r for r, p in enumerate(points) if p.kind == "log" and p.position == first and p.detail["name"] == name
+        ]
+        others = [r for r in range(len(points)) if r not in having]
+        parts.append(f"{name!r} ({fx}, {site}) is synced on rank(s) {having} but not on rank(s) {others}")
+    return "Synced logging differs between ranks: " + "; ".join(parts) + ". The ranks would hang or mix up values:"
+
+
+def _epoch_keys_headline(points: Sequence[Point]) -> str:
     keys_by_rank = [[(entry["name"], entry["fx"]) for entry in _entries(point)] for point in points]
     sites = {(entry["name"], entry["fx"]): entry["site"] for point in points for entry in _entries(point)}
     everyone = list(dict.fromkeys(key for keys in keys_by_rank for key in keys))

@@ -100,6 +100,7 @@ def _seams() -> tuple[tuple[type, str, Callable[[Any], Any]], ...]:
 def _hang_seams() -> tuple[tuple[type, str, Callable[[Any], Any]], ...]:
     return (
         (_ResultMetric, "compute", _compute_seam),
+        (_LoggerConnector, "on_batch_start", _batch_start_seam),
         (_ResultCollection, "metrics", _epoch_metrics_seam),
         (_FitLoop, "setup_data", _fit_data_seam),
         (_EvaluationLoop, "setup_data", _evaluation_data_seam),
@@ -194,6 +195,15 @@ def _forward_seam(original: Callable[..., None]) -> Callable[..., None]:
         _local_values.record_update(self, value)
 
     return forward
+
+
+def _batch_start_seam(original: Callable[..., None]) -> Callable[..., None]:
+    @functools.wraps(original)
+    def on_batch_start(self: _LoggerConnector, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        _log_checks.batch_started()
+
+    return on_batch_start
 
 
 def _compute_seam(original: Callable[..., Any]) -> Callable[..., Any]:
