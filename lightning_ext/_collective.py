@@ -27,6 +27,7 @@ __all__ = [
     "all_reduce_row",
     "destroy_group",
     "gather_objects_in",
+    "is_communication_failure",
     "is_initialized",
     "is_world",
     "lightning_barrier_skipped",
@@ -175,6 +176,21 @@ def _no_barrier(*args: Any, **kwargs: Any) -> None:
 
 
 def abort_process_groups() -> None:
-    """Abort this rank's pending collectives on the training group (NCCL can; a gloo peer fails when we exit)."""
-    with contextlib.suppress(Exception):
-        dist.distributed_c10d._abort_process_group()
+    """Abort this rank's pending collectives on the training group, where the backend can (NCCL, not gloo).
+
+    A gloo collective cannot be aborted: it fails as soon as the peer's process ends, and aborting it would only
+    leave the group unusable for a later run in the same process.
+    """
+    if is_initialized() and dist.get_backend() != "gloo":
+        with contextlib.suppress(Exception):
+            dist.distributed_c10d._abort_process_group()
+
+
+def is_communication_failure(error: BaseException) -> bool:
+    """Whether ``error`` is a collective or store operation failing (a peer went away), not a genuine error."""
+    if isinstance(error, dist.DistError):
+        return True
+    text = str(error)
+    return isinstance(error, RuntimeError) and any(
+        marker in text for marker in ("Connection closed by peer", "Connection reset by peer", "gloo", "NCCL")
+    )

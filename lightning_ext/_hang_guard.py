@@ -12,6 +12,7 @@ import sys
 from collections.abc import Callable
 from typing import Any, Literal
 
+from lightning.pytorch.trainer.states import TrainerStatus
 from torch import Tensor
 
 from lightning_ext import _collective, _loader_checks, _log_checks
@@ -66,6 +67,13 @@ class HangGuard:
             _loader_checks.LoaderChecks(self.lockstep, self.uneven_batches, self.check_unsized_loaders)
         )
 
+    def finish(self, trainer: Any) -> None:
+        """A last check when a fit/validate/test ends normally: every rank must end it, not wait at another check."""
+        if self.lockstep is None or trainer is None or trainer.state.status != TrainerStatus.RUNNING:
+            return
+        stage = trainer.state.fn.value if trainer.state.fn is not None else "the run"
+        self.lockstep.require(Point("end", ("end", stage), f"the end of {stage} (this rank finished)"))
+
     def stop(self) -> None:
         """Stop the checks and the watchdog (teardown)."""
         lockstep, self.lockstep = self.lockstep, None
@@ -95,21 +103,18 @@ class HangGuard:
     def on_failure(self, error: BaseException, rank: int) -> None:
         """A fit/validate/test raised on this rank: flush, then make every rank end with the same error.
 
-        If another rank's error explains this one (a collective failed because that rank's process ended), raise
-        that error instead. If this rank failed first, post its error: every rank's watchdog picks it up, aborts what
-        the backend can abort and completes pending checks, and the other ranks raise it; the caller then re-raises
-        the original error here.
+        If this rank's error is a collective that failed because another rank's process ended, raise that rank's
+        posted error instead. Otherwise this rank's error is genuine: post it (the first error posted wins), so that
+        ranks blocked in collectives with this one learn why; the caller then re-raises it here.
         """
         self._safe_flush()
         lockstep = self.lockstep
         if lockstep is None or is_joint(error):
             return
         posted = lockstep.watchdog.read_posted()
-        if posted is not None and posted.rank != rank:
+        if posted is not None and posted.rank != rank and _collective.is_communication_failure(error):
             raise_record(posted, cause=error)
-        record = lockstep.watchdog.post(record_of(error, rank, joint=False))
-        if record.rank != rank:
-            raise_record(record, cause=error)
+        lockstep.watchdog.post(record_of(error, rank, joint=False))
 
     def _safe_flush(self) -> None:
         with contextlib.suppress(Exception):  # a diagnostic must never stand in the way of the real error

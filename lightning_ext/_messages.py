@@ -31,12 +31,13 @@ FIXES = {
         " rank's count."
     ),
 }
-_FIX_OF_KIND = {
+_FIX_OF_KIND: dict[str, str | None] = {
     "log": "log",
     "epoch_logs": "log",
     "collective": "collective",
     "loaders": "loaders",
     "batch": "loaders",
+    "end": None,
 }
 
 
@@ -60,7 +61,7 @@ def describe_divergence(points: Sequence[Point]) -> errors.CrossRankError:
         headline = "The ranks reached different collective operations, so the job would hang or mix up values:"
     lines = [headline, *(f"  rank {rank}: {point.where}" for rank, point in enumerate(points))]
     fixes = dict.fromkeys(_FIX_OF_KIND[point.kind] for point in points)
-    return cls("\n".join([*lines, *(FIXES[fix] for fix in fixes)]))
+    return cls("\n".join([*lines, *(FIXES[fix] for fix in fixes if fix is not None)]))
 
 
 def describe_deadlock(point: Point, rank: int, stuck: Sequence[Location]) -> errors.CrossRankError:
@@ -72,7 +73,7 @@ def describe_deadlock(point: Point, rank: int, stuck: Sequence[Location]) -> err
         " in another collective call, so the job would hang until the process-group timeout.",
         f"  rank {rank}: {point.where}",
         *(f"  {location.describe()}" for location in sorted(stuck, key=lambda location: location.rank)),
-        FIXES[_FIX_OF_KIND[point.kind]],
+        FIXES[_FIX_OF_KIND[point.kind] or "collective"],
     ]
     return cls("\n".join(lines))
 

@@ -146,7 +146,10 @@ class PolicyStrategyMixin(_Strategy):
 
     @override
     def teardown(self) -> None:
-        self._hang_guard.stop()
+        try:
+            self._hang_guard.finish(self._trainer())
+        finally:
+            self._hang_guard.stop()
         rank_logger, self.rank_metrics_logger = self.rank_metrics_logger, None
         if rank_logger is not None:
             _local_values.stop_capture()

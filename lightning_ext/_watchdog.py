@@ -199,7 +199,8 @@ class Watchdog:
             elif message["type"] in ("error", "complete"):
                 if self._posted is None:
                     self._posted = ErrorRecord(**json.loads(store.get("error")))
-                    _collective.abort_process_groups()
+                    if self.snapshot().blocked_in is not None:  # waiting for a rank that failed: stop waiting
+                        _collective.abort_process_groups()
                 self.on_error()
 
 

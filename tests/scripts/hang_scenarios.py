@@ -6,8 +6,9 @@ checks), ``debug`` (``hang_checks="debug"``), ``truncate`` (``uneven_batches="tr
 or ``torchrun`` (the script is then started by torchrun, one process per rank).
 
 Every rank writes ``LOG_DIR/outcome_<rank>.json``: ``{"rank": r, "error": class name or null, "message": ...,
-"seconds": time from the start of fit}`` (under spawn, the launching process writes ``outcome_parent.json``). A hang
-writes nothing; the test's timeout cuts it.
+"at": the wall-clock time it ended}`` (under spawn, the launching process writes ``outcome_parent.json``). A rank
+that reaches the point of divergence first writes ``LOG_DIR/diverged_<rank>`` with the wall-clock time. A hang
+writes no outcome; the test's timeout cuts it.
 """
 
 import json
@@ -23,7 +24,7 @@ from lightning.pytorch.strategies import DDPStrategy
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 from torchmetrics import MeanMetric
 
-from lightning_ext import PolicyDDPStrategy
+from lightning_ext import PerRankMetrics, PolicyDDPStrategy
 
 SCENARIOS = (
     "none",
@@ -71,6 +72,14 @@ class Pitfall(LightningModule):
         super().__init__()
         self.scenario = scenario
         self.log_dir_for_ckpt = log_dir
+        self.diverged = False
+
+    def _diverge(self) -> None:
+        """Record when this rank reaches the point where the ranks part ways."""
+        if not self.diverged:
+            self.diverged = True
+            with open(os.path.join(self.log_dir_for_ckpt, f"diverged_{self.trainer.global_rank}"), "w") as handle:
+                handle.write(repr(time.time()))
         self.layer = torch.nn.Linear(4, 1)
         self.metric = MeanMetric()
 
@@ -79,9 +88,12 @@ class Pitfall(LightningModule):
         length = 8
         if self.scenario == "uneven_train" and stage == "train":
             length = 8 + 4 * rank
+            self._diverge()
         if self.scenario == "uneven_val" and stage == "val":
             length = 4 + 4 * rank
+            self._diverge()
         if self.scenario == "uneven_iterable_train" and stage == "train":
+            self._diverge()
             return DataLoader(Stream(8 + 4 * rank), batch_size=2)
         return DataLoader(Numbers(length), batch_size=2)
 
@@ -95,6 +107,11 @@ class Pitfall(LightningModule):
         loss = self.layer(batch).pow(2).mean()
         self.log("train_loss", loss, sync_dist=True)
         rank = self.trainer.global_rank
+        guarded = ("log_on_rank_zero_step", "log_dir_on_rank_zero", "barrier_on_rank_zero", "broadcast_on_rank_zero")
+        if self.scenario in (*guarded, "all_gather_on_rank_zero") and self.trainer.is_global_zero and batch_idx == 1:
+            self._diverge()
+        if self.scenario == "log_dict_keys_differ" or (self.scenario == "rank_raises" and rank == 1 and batch_idx == 2):
+            self._diverge()
         if self.scenario == "log_on_rank_zero_step" and self.trainer.is_global_zero and batch_idx == 1:
             self.log("rank_zero_only_loss", loss, sync_dist=True)
         if self.scenario == "log_dict_keys_differ":
@@ -115,15 +132,18 @@ class Pitfall(LightningModule):
         value = self.layer(batch).mean()
         self.log("val_loss", value, sync_dist=True, on_step=self.scenario == "uneven_val")
         if self.scenario == "metric_on_some_ranks" and self.trainer.is_global_zero:
+            self._diverge()
             self.metric.update(value)
             self.log("val_mean", self.metric)
 
     def on_validation_epoch_end(self) -> None:
         if self.scenario == "log_on_rank_zero_epoch_end" and self.trainer.is_global_zero:
+            self._diverge()
             self.log("val_acc", 1.0, sync_dist=True)
 
     def on_train_epoch_end(self) -> None:
         if self.scenario == "save_checkpoint_on_rank_zero" and self.trainer.is_global_zero:
+            self._diverge()
             self.trainer.save_checkpoint(os.path.join(self.log_dir_for_ckpt, "manual.ckpt"))
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
@@ -139,7 +159,9 @@ def _strategy(kind: str, launcher: str) -> object:
     options["truncate"] = {"uneven_batches": "truncate"}
     options["unsized"] = {"check_unsized_loaders": True}
     options["unsized_truncate"] = {"check_unsized_loaders": True, "uneven_batches": "truncate"}
-    return PolicyDDPStrategy(start_method=start_method, per_rank_metrics=True, **options[kind])
+    # rows stay buffered (1000 > rows of a run) unless lightning-ext flushes them before its error
+    per_rank = PerRankMetrics(flush_every_n_rows=1000)
+    return PolicyDDPStrategy(start_method=start_method, per_rank_metrics=per_rank, **options[kind])
 
 
 def main() -> None:
@@ -151,6 +173,7 @@ def main() -> None:
         num_nodes=int(os.environ.get("NUM_NODES", "1")),
         strategy=_strategy(kind, launcher),
         max_epochs=2,
+        log_every_n_steps=1,
         logger=CSVLogger(log_dir, name="", version="run"),
         enable_progress_bar=False,
         enable_model_summary=False,
@@ -165,7 +188,7 @@ def main() -> None:
     except BaseException as error:
         outcome = {"error": type(error).__name__, "message": str(error)}
     rank = "parent" if launcher == "spawn" else trainer.global_rank
-    outcome.update(rank=rank, seconds=time.monotonic() - started)
+    outcome.update(rank=rank, at=time.time(), seconds=time.monotonic() - started)
     with open(os.path.join(log_dir, f"outcome_{rank}.json"), "w") as handle:
         json.dump(outcome, handle)
     if dist.is_available() and dist.is_initialized():
