@@ -73,6 +73,8 @@ class Pitfall(LightningModule):
         self.scenario = scenario
         self.log_dir_for_ckpt = log_dir
         self.diverged = False
+        self.layer = torch.nn.Linear(4, 1)
+        self.metric = MeanMetric()
 
     def _diverge(self) -> None:
         """Record when this rank reaches the point where the ranks part ways."""
@@ -80,8 +82,6 @@ class Pitfall(LightningModule):
             self.diverged = True
             with open(os.path.join(self.log_dir_for_ckpt, f"diverged_{self.trainer.global_rank}"), "w") as handle:
                 handle.write(repr(time.time()))
-        self.layer = torch.nn.Linear(4, 1)
-        self.metric = MeanMetric()
 
     def _data(self, stage: str) -> DataLoader:
         rank = self.trainer.global_rank
