@@ -55,14 +55,14 @@ class HangGuard:
         self._flush = flush
         self.lockstep: Lockstep | None = None
 
-    def start(self, rank: int, world_size: int, namespace: str) -> None:
+    def start(self, rank: int, world_size: int, namespace: str, trainer: Any) -> None:
         """Create the check group and the watchdog (every rank, at set-up, after the process group exists)."""
         if not self.mode or world_size < 2 or not _collective.is_initialized():
             return
         group = _collective.side_group()
         watchdog = Watchdog(namespace, rank, world_size)
         self.lockstep = Lockstep(group, watchdog, self._safe_flush)
-        _log_checks.start(self.lockstep)
+        _log_checks.start(self.lockstep, trainer)
         _loader_checks.start(
             _loader_checks.LoaderChecks(self.lockstep, self.uneven_batches, self.check_unsized_loaders)
         )

@@ -64,8 +64,15 @@ class LoaderChecks:
         if loader is None:
             return
         trainer = loop.trainer
-        stage = "sanity check" if trainer.sanity_checking else str(trainer.state.stage.value)
         prefix = "test" if trainer.testing else "val"
+        if trainer.sanity_checking:
+            stage = "the sanity check"
+        elif trainer.testing:
+            stage = "test"
+        elif trainer.state.fn is not None and trainer.state.fn.value == "fit":
+            stage = f"validation (epoch {trainer.current_epoch})"
+        else:
+            stage = "validation"
         counts = list(loop.max_batches)
         names = [f"{prefix} dataloader {index}" for index in range(len(counts))]
         agreed = self._compare(stage, names, counts)

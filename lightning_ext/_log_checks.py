@@ -16,7 +16,6 @@ when an epoch round starts (:func:`epoch_round`); the strategy's ``reduce`` asks
 """
 
 import sys
-import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -36,10 +35,26 @@ __all__ = [
     "user_site",
 ]
 
-# per logged metric: where it was first logged, and its points (kept outside the metric: Lightning moves every value
-# in a _ResultMetric's __dict__ between devices)
-_SITES: "weakref.WeakKeyDictionary[Any, str]" = weakref.WeakKeyDictionary()
-_POINTS: "weakref.WeakKeyDictionary[Any, dict[tuple[str, int], Point]]" = weakref.WeakKeyDictionary()
+_STATE = "_lightning_ext_checks"
+
+
+class _MetricState:
+    """Where a logged metric was first logged, and its points: one plain object in the metric's ``__dict__``.
+
+    Plain on purpose: Lightning walks a ``_ResultMetric``'s ``__dict__`` on every ``self.log`` (to move tensors) and
+    leaves such objects alone; and the metric itself cannot be a dictionary key (torchmetrics hashes its state).
+    """
+
+    __slots__ = ("points", "site")
+
+    def __init__(self, site: str) -> None:
+        self.site = site
+        self.points: dict[tuple[str, int], Point] = {}
+
+
+def _state(metric: Any) -> _MetricState | None:
+    state: _MetricState | None = metric.__dict__.get(_STATE)
+    return state
 
 
 @dataclass
@@ -47,21 +62,21 @@ class LogChecks:
     """The logging checks of the running strategy, and what is syncing right now."""
 
     lockstep: Lockstep
+    trainer: Any = None
     metric: Any = None  # the _ResultMetric whose value is syncing
     phase: str = ""  # "step" or "epoch"
     part: int = 0  # the how-many-th sync of this metric in this phase (a mean syncs its sum, then its count)
     covered: bool = False  # an epoch round's check already covered the per-key syncs
     batches: int = 0  # batches started on this rank (every stage): a step value's sync must happen at the same one
-    rounds: int = 0  # epoch rounds checked on this rank: an epoch value's sync must happen in the same one
 
 
 _ACTIVE: LogChecks | None = None
 
 
-def start(lockstep: Lockstep) -> None:
+def start(lockstep: Lockstep, trainer: Any) -> None:
     """Check synced logging from now on (the strategy calls this at set-up, on every rank)."""
     global _ACTIVE
-    _ACTIVE = LogChecks(lockstep)
+    _ACTIVE = LogChecks(lockstep, trainer)
 
 
 def stop() -> None:
@@ -89,8 +104,8 @@ def syncing(metric: Any, phase: str) -> Iterator[None]:
     if checks is None:
         yield
         return
-    if phase == "step" and metric not in _SITES:
-        _SITES[metric] = user_site()
+    if phase == "step" and _STATE not in metric.__dict__:
+        metric.__dict__[_STATE] = _MetricState(user_site())
     previous = checks.metric, checks.phase, checks.part
     checks.metric, checks.phase, checks.part = metric, phase, 0
     try:
@@ -110,9 +125,10 @@ def epoch_round(results: Any) -> Iterator[None]:
     if entries:
         keys = tuple((entry["fx"], entry["name"], entry["dataloader"], entry["reduce"]) for entry in entries)
         names = ", ".join(repr(entry["name"]) for entry in entries)
-        where = f"the epoch-end sync of {names}"
-        checks.rounds += 1
-        checks.lockstep.require(Point("epoch_logs", ("epoch_logs", keys), where, entries), checks.rounds)
+        stage, position = _round(checks, results)
+        where = f"the {stage} epoch-end sync of {names}"
+        point = Point("epoch_logs", ("epoch_logs", keys), where, entries)
+        checks.lockstep.require(point, position, f"epoch {checks.trainer.current_epoch}")
     checks.covered = bool(entries)
     try:
         yield
@@ -134,13 +150,16 @@ def check_reduce(checks: LogChecks, tensor: Any, reduce_op: Any) -> None:
     point = _log_point(checks, metric)
     if checks.phase == "step":
         checks.lockstep.require(point, checks.batches, f"batch {checks.batches}")
-    else:
-        checks.lockstep.require(point, -checks.rounds - 1, f"epoch round {checks.rounds}")
+    else:  # an epoch value computed outside an epoch round
+        checks.lockstep.require(point, -_round(checks, None)[1], f"epoch {checks.trainer.current_epoch}")
 
 
 def _log_point(checks: LogChecks, metric: Any) -> Point:
     part, checks.part = checks.part, checks.part + 1
-    cache = _POINTS.setdefault(metric, {})
+    state = _state(metric)
+    if state is None:
+        state = metric.__dict__[_STATE] = _MetricState("logged earlier")
+    cache = state.points
     point = cache.get((checks.phase, part))
     if point is None:
         entry = _entry(metric)
@@ -163,6 +182,18 @@ def user_site() -> str:
     return "an unknown place"
 
 
+def _round(checks: LogChecks, results: Any) -> tuple[str, int]:
+    """Which epoch-end round this is, for people and as a position that orders the rounds of a fit."""
+    trainer = checks.trainer
+    if trainer.sanity_checking:
+        stage, order = "sanity check", 0
+    elif (results is not None and results.training) or (results is None and trainer.training):
+        stage, order = "training", 2
+    else:
+        stage, order = "validation" if not trainer.testing else "test", 1
+    return stage, 1 + 4 * trainer.current_epoch + order
+
+
 def _pending_epoch_syncs(results: Any) -> list[Any]:
     """The logged metrics whose epoch value will sync when computed now, in Lightning's order."""
     pending = []
@@ -180,7 +211,8 @@ def _pending_epoch_syncs(results: Any) -> list[Any]:
 
 def _entry(metric: Any) -> dict[str, Any]:
     meta = metric.meta
-    site = _SITES.get(metric, "logged earlier")
+    state = _state(metric)
+    site = "logged earlier" if state is None else state.site
     return {
         "name": meta.name,
         "fx": meta.fx,

@@ -53,15 +53,19 @@ def error_class(kinds: Sequence[str]) -> type[errors.CrossRankError]:
 def describe_divergence(points: Sequence[Point]) -> errors.CrossRankError:
     """The error for ranks that reached different points at the same check."""
     cls = error_class([point.kind for point in points])
-    if all(point.kind == "loaders" for point in points):
-        headline = _uneven_headline(points)
-    elif all(point.kind in ("log", "epoch_logs") for point in points):
-        headline = _logging_headline(points)
+    if cls is errors.UnevenBatchesError and all(point.kind == "loaders" for point in points):
+        headline, fix = _uneven_headline(points), "loaders"
+    elif cls is errors.UnevenBatchesError:
+        headline, fix = "The ranks ran different numbers of batches:", "loaders"
+    elif cls is errors.DivergentLoggingError:
+        headline, fix = _logging_headline(points), "log"
     else:
-        headline = "The ranks reached different collective operations, so the job would hang or mix up values:"
+        headline, fix = (
+            "The ranks reached different collective calls, so the job would hang or mix up values:",
+            "collective",
+        )
     lines = [headline, *(f"  rank {rank}: {point.where}" for rank, point in enumerate(points))]
-    fixes = dict.fromkeys(_FIX_OF_KIND[point.kind] for point in points)
-    return cls("\n".join([*lines, *(FIXES[fix] for fix in fixes if fix is not None)]))
+    return cls("\n".join([*lines, FIXES[fix]]))
 
 
 def describe_deadlock(point: Point, rank: int, stuck: Sequence[Location]) -> errors.CrossRankError:
@@ -94,8 +98,10 @@ def _uneven_headline(points: Sequence[Point]) -> str:
 
 
 def _logging_headline(points: Sequence[Point]) -> str:
-    if all(point.kind == "epoch_logs" for point in points):
-        return _epoch_keys_headline(points)
+    if not any(point.kind == "log" for point in points):
+        rounds = [point for point in points if point.kind == "epoch_logs"]
+        first = min(point.position for point in rounds)
+        return _epoch_keys_headline([point if point.position == first else None for point in points])
     logged = [point for point in points if point.kind == "log"]
     first = min(point.position for point in logged) if logged else 0
     culprits = {(p.detail["name"], p.detail["fx"], p.detail["site"]) for p in logged if p.position == first}
@@ -109,9 +115,10 @@ def _logging_headline(points: Sequence[Point]) -> str:
     return "Synced logging differs between ranks: " + "; ".join(parts) + ". The ranks would hang or mix up values:"
 
 
-def _epoch_keys_headline(points: Sequence[Point]) -> str:
-    keys_by_rank = [[(entry["name"], entry["fx"]) for entry in _entries(point)] for point in points]
-    sites = {(entry["name"], entry["fx"]): entry["site"] for point in points for entry in _entries(point)}
+def _epoch_keys_headline(points: Sequence[Point | None]) -> str:
+    """The keys of the first epoch-end round that not every rank syncs (``None``: a rank that went on past it)."""
+    keys_by_rank = [[] if p is None else [(entry["name"], entry["fx"]) for entry in _entries(p)] for p in points]
+    sites = {(entry["name"], entry["fx"]): entry["site"] for p in points if p is not None for entry in _entries(p)}
     everyone = list(dict.fromkeys(key for keys in keys_by_rank for key in keys))
     parts = []
     for key in everyone:

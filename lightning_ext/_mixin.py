@@ -120,11 +120,17 @@ class PolicyStrategyMixin(_Strategy):
         return self._hang_guard.uneven_batches
 
     @override
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # a spawned rank unpickles the strategy before Trainer._run: the seams must be in place before that call
+        _runtime.install()
+        super().__setstate__(state)
+
+    @override
     def setup_environment(self) -> None:
         _runtime.install()  # a spawned or re-launched process imports us afresh
         super().setup_environment()
         namespace = self._agree_at_set_up()
-        self._hang_guard.start(self._rank(), self.world_size, namespace)
+        self._hang_guard.start(self._rank(), self.world_size, namespace, self._trainer())
 
     @override
     def setup(self, trainer: Any) -> None:
@@ -209,8 +215,9 @@ class PolicyStrategyMixin(_Strategy):
         return int(self.global_rank)
 
     def _trainer(self) -> Any:
+        """The trainer, or ``None`` (``module.trainer`` raises when unattached: the launching process under spawn)."""
         module = self.lightning_module
-        return None if module is None else module.trainer
+        return None if module is None else getattr(module, "_trainer", None)
 
     def _agree_at_set_up(self) -> str:
         """One gather at set-up; then every rank validates what every rank brought, and raises alike.
