@@ -8,7 +8,6 @@ outcome from the script alone (tests/test_hang_checks.py) and compares it with w
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import Any
 
 import lightning as L
@@ -86,7 +85,7 @@ class ScriptModule(L.LightningModule):
 
 
 def fit(log_dir: str, script: dict[str, Any], options: dict[str, Any], world_size: int) -> dict[str, Any]:
-    """One fit on this pool's ranks; returns this rank's outcome (its error, its files, its counters)."""
+    """One fit on this pool's ranks; returns this rank's outcome (its error, its counters, its callback metrics)."""
     if options.get("stock"):
         strategy: Any = DDPStrategy(start_method="popen") if world_size > 1 else "auto"
     else:
@@ -109,10 +108,7 @@ def fit(log_dir: str, script: dict[str, Any], options: dict[str, Any], world_siz
         trainer.fit(ScriptModule(script))
     except Exception as error:
         outcome = {"error": type(error).__name__, "message": str(error)}
-    run = Path(log_dir, "run")
-    files = {path.relative_to(run).as_posix(): path.read_text() for path in sorted(run.rglob("*.csv"))}
     outcome.update(
-        files=files,
         global_step=trainer.global_step,
         epochs=trainer.current_epoch,
         callback_metrics={key: float(value) for key, value in trainer.callback_metrics.items()},

@@ -22,9 +22,12 @@ WORLDS = (1, 2, 3, 4)
 
 
 def run(rank_pools: Any, world: int, log_dir: Path, script: dict[str, Any], **options: Any) -> list[dict[str, Any]]:
+    """Every rank's outcome, each with the run's files (read once every rank has finished and closed its own)."""
     pool = rank_pools(world)
     outcomes: list[dict[str, Any]] = pool.run("tests.hang_tasks:fit", (str(log_dir), script, options, world))
-    return outcomes
+    run_dir = log_dir / "run"
+    files = {path.relative_to(run_dir).as_posix(): path.read_text() for path in sorted(run_dir.rglob("*.csv"))}
+    return [{**outcome, "files": files} for outcome in outcomes]
 
 
 # ---- the expected outcome, from the script alone --------------------------------------------------------------------
