@@ -148,3 +148,63 @@ def test_torchrun_two_nodes_end_with_the_named_error(scenario: str, tmp_path: Pa
         assert {outcome["error"] for outcome in outcomes.values()} == {error}
         assert all(fragment in outcomes["0"]["message"] for fragment in fragments)
     assert max(outcome["at"] for outcome in outcomes.values()) - diverged_at(log_dir) <= LIMIT
+
+
+# stock DDPStrategy on the same scripts: these hang until the process-group timeout (30 minutes by default)
+STOCK_HANGS = (
+    "uneven_train",
+    "uneven_iterable_train",
+    "log_on_rank_zero_epoch_end",
+    "log_on_rank_zero_step",
+    "metric_on_some_ranks",
+    "log_dir_on_rank_zero",
+    "save_checkpoint_on_rank_zero",
+    "barrier_on_rank_zero",
+    "broadcast_on_rank_zero",
+    "all_gather_on_rank_zero",
+)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_stock_ddp_hangs_or_ends_without_naming_the_culprit(tmp_path: Path) -> None:
+    """Every scenario with stock ``DDPStrategy``, all at once (a hung job only waits): none names its culprit."""
+    scenarios = [*sorted(EXPECTED), FAILING_RANK]
+    jobs = {}
+    for scenario in scenarios:
+        log_dir = tmp_path / scenario
+        log_dir.mkdir()
+        jobs[scenario] = (
+            Job([sys.executable, str(SCRIPT), scenario, "stock", str(log_dir)], clean_env(), log_dir / "job.log"),
+            log_dir,
+        )
+    deadline = time.monotonic() + 300
+    settled: dict[str, str] = {}
+    try:
+        while len(settled) < len(jobs) and time.monotonic() < deadline:
+            for scenario, (job, log_dir) in jobs.items():
+                if scenario in settled:
+                    continue
+                if not job.running():
+                    settled[scenario] = "ended"
+                elif list(log_dir.glob("diverged_*")) and time.time() - diverged_at(log_dir) > STOCK_CUTOFF:
+                    settled[scenario] = "hung"
+            time.sleep(1)
+    finally:
+        for job, _ in jobs.values():
+            job.kill()
+    report = {scenario: settled.get(scenario, "did not reach the divergence") for scenario in scenarios}
+    for scenario in STOCK_HANGS:
+        assert report[scenario] == "hung", report
+    for scenario, state in report.items():
+        log_dir = jobs[scenario][1]
+        outcomes = [json.loads(path.read_text()) for path in log_dir.glob("outcome_*.json")]
+        named = [o for o in outcomes if o["error"] and "Error" in o["error"] and o["error"] in _OUR_ERRORS]
+        assert not named, f"stock {scenario} raised one of our errors? {named}"
+        if scenario in EXPECTED and state == "ended":  # it ended: with no error naming the culprit
+            fragments = EXPECTED[scenario][2]
+            for outcome in outcomes:
+                assert not outcome["message"] or not all(f in outcome["message"] for f in fragments), outcome
+
+
+_OUR_ERRORS = {"UnevenBatchesError", "DivergentLoggingError", "DivergentCollectiveError", "RankFailedError"}
