@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -165,43 +166,49 @@ STOCK_HANGS = (
 )
 
 
+@pytest.fixture(scope="module")
+def stock_jobs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, tuple[Job, Path]]]:
+    """Every scenario with stock ``DDPStrategy``, started when this module starts: a hung job only waits, so they
+    hang in the background while the other tests run, and the last test looks at them."""
+    root = tmp_path_factory.mktemp("stock")
+    jobs = {}
+    for scenario in [*sorted(EXPECTED), FAILING_RANK]:
+        log_dir = root / scenario
+        log_dir.mkdir()
+        command = [sys.executable, str(SCRIPT), scenario, "stock", str(log_dir)]
+        jobs[scenario] = (Job(command, clean_env(), log_dir / "job.log"), log_dir)
+    yield jobs
+    for job, _ in jobs.values():
+        job.kill()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _start_stock_first(stock_jobs: dict[str, tuple[Job, Path]]) -> None:
+    """Start the stock jobs before the first test of this module."""
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(400)
-def test_stock_ddp_hangs_or_ends_without_naming_the_culprit(tmp_path: Path) -> None:
-    """Every scenario with stock ``DDPStrategy``, all at once (a hung job only waits): none names its culprit."""
-    scenarios = [*sorted(EXPECTED), FAILING_RANK]
-    jobs = {}
-    for scenario in scenarios:
-        log_dir = tmp_path / scenario
-        log_dir.mkdir()
-        jobs[scenario] = (
-            Job([sys.executable, str(SCRIPT), scenario, "stock", str(log_dir)], clean_env(), log_dir / "job.log"),
-            log_dir,
-        )
+def test_stock_ddp_hangs_or_ends_without_naming_the_culprit(stock_jobs: dict[str, tuple[Job, Path]]) -> None:
+    """Stock ``DDPStrategy`` on every scenario: these hang past the cut-off; none names its culprit."""
     deadline = time.monotonic() + 300
     settled: dict[str, str] = {}
-    try:
-        while len(settled) < len(jobs) and time.monotonic() < deadline:
-            for scenario, (job, log_dir) in jobs.items():
-                if scenario in settled:
-                    continue
-                if not job.running():
-                    settled[scenario] = "ended"
-                elif list(log_dir.glob("diverged_*")) and time.time() - diverged_at(log_dir) > STOCK_CUTOFF:
-                    settled[scenario] = "hung"
-            time.sleep(1)
-    finally:
-        for job, _ in jobs.values():
-            job.kill()
-    report = {scenario: settled.get(scenario, "did not reach the divergence") for scenario in scenarios}
+    while len(settled) < len(stock_jobs) and time.monotonic() < deadline:
+        for scenario, (job, log_dir) in stock_jobs.items():
+            if scenario in settled:
+                continue
+            if not job.running():
+                settled[scenario] = "ended"
+            elif list(log_dir.glob("diverged_*")) and time.time() - diverged_at(log_dir) > STOCK_CUTOFF:
+                settled[scenario] = "hung"
+        time.sleep(1)
+    report = {scenario: settled.get(scenario, "did not reach the divergence") for scenario in stock_jobs}
     for scenario in STOCK_HANGS:
         assert report[scenario] == "hung", report
-    for scenario, state in report.items():
-        log_dir = jobs[scenario][1]
+    for scenario, (_, log_dir) in stock_jobs.items():
         outcomes = [json.loads(path.read_text()) for path in log_dir.glob("outcome_*.json")]
-        named = [o for o in outcomes if o["error"] and "Error" in o["error"] and o["error"] in _OUR_ERRORS]
-        assert not named, f"stock {scenario} raised one of our errors? {named}"
-        if scenario in EXPECTED and state == "ended":  # it ended: with no error naming the culprit
+        assert not [o for o in outcomes if o["error"] in _OUR_ERRORS], f"stock {scenario}: {outcomes}"
+        if scenario in EXPECTED and report[scenario] == "ended":  # it ended: with no error naming the culprit
             fragments = EXPECTED[scenario][2]
             for outcome in outcomes:
                 assert not outcome["message"] or not all(f in outcome["message"] for f in fragments), outcome
