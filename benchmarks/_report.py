@@ -60,6 +60,10 @@ class Target:
     met: bool
 
 
+# per-rank metrics may cost up to 3% of a step; the default hang checks, 2% (issue targets)
+_STEP_TARGETS = {"training_step/per_rank_metrics": STEP_TARGET, "training_step/hang_checks": 1.02}
+
+
 def _percentile(values: list[float], q: float) -> float:
     if len(values) == 1:
         return values[0]
@@ -129,7 +133,7 @@ def build_rows(results: list[SessionResult]) -> list[Row]:
 
 
 def check_targets(rows: list[Row]) -> list[Target]:
-    """The four targets, one check per policy row (latency, collectives) and per training comparison."""
+    """The targets: per policy row (latency, collectives), per training comparison (step time, collectives)."""
     targets: list[Target] = []
     for row in rows:
         where = f"{row.backend}/{row.device} W={row.world_size} {row.subject}"
@@ -142,9 +146,9 @@ def check_targets(rows: list[Row]) -> list[Target]:
             targets.append(
                 Target("collectives per decision", where, row.collectives, expected, "==", row.collectives == expected)
             )
-        if row.subject == "training_step/per_rank_metrics":
-            ratio = row.ratio_to_stock
-            targets.append(Target("training step vs stock", where, ratio, STEP_TARGET, "<=", ratio <= STEP_TARGET))
+        if row.subject in _STEP_TARGETS:
+            ratio, limit = row.ratio_to_stock, _STEP_TARGETS[row.subject]
+            targets.append(Target("training step vs stock", where, ratio, limit, "<=", ratio <= limit))
             stock = next(
                 r
                 for r in rows

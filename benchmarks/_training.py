@@ -1,11 +1,14 @@
-"""Training-step time and collectives per logging step: stock ``DDPStrategy`` against per-rank metrics.
+"""Training-step time and collectives per logging step: stock ``DDPStrategy`` against lightning-ext's features.
 
-Both configurations run a real ``Trainer.fit`` on the ranks of the session's process group (Lightning reuses it:
+Every configuration runs a real ``Trainer.fit`` on the ranks of the session's process group (Lightning reuses it:
 the ranks carry ``LOCAL_RANK``/``WORLD_SIZE``/...), with the same small model, data and seed, ``CSVLogger`` and
 ``log_every_n_steps=1``:
 
 * ``stock``: ``DDPStrategy()``, run inside :func:`~benchmarks._standins.stock_lightning` (no lightning-ext seam);
-* ``per_rank_metrics``: ``PolicyDDPStrategy(per_rank_metrics=True)``.
+* ``per_rank_metrics``: ``PolicyDDPStrategy(per_rank_metrics=True, hang_checks=False)``: the per-rank cost alone;
+* ``hang_checks``: ``PolicyDDPStrategy()``, the default hang checks (each synced ``self.log`` checked in place of
+  Lightning's barrier, the batch counts and epoch-end syncs checked once per epoch);
+* ``hang_checks_debug``: ``PolicyDDPStrategy(hang_checks="debug")`` (measured, no target).
 
 A step is timed from one ``on_train_batch_start`` to the next, so each window holds the whole step: the forward and
 backward passes with DDP's gradient all-reduce, the optimizer step, the batch-end hooks and then the logger connector's
@@ -27,8 +30,8 @@ per row is lightning-ext's per-rank cost alone, without the noise of a step (the
 
 One untimed fit per configuration first counts every ``torch.distributed`` call with
 :func:`lightning_ext._diagnostics.count_collectives`, window by window, so the count per logging step covers exactly
-the timed windows. Then the timed fits alternate ``repeats`` times (stock first on even repeats, per-rank first on odd
-ones); each repeat's two fits run back to back, and the report compares them pair by pair.
+the timed windows. Then the timed fits run ``repeats`` times; each repeat's fits run back to back (in an order
+rotated every repeat), and the report compares each with the stock fit of its repeat.
 """
 
 import os
@@ -55,7 +58,12 @@ from lightning_ext._rank_logger import loggers_for
 
 __all__ = ["CONFIGS", "ROW_LOOPS_PER_STEP", "SKIP_STEPS", "TrainingResult", "run_training"]
 
-CONFIGS = ("stock", "per_rank_metrics")
+CONFIGS = ("stock", "per_rank_metrics", "hang_checks", "hang_checks_debug")
+_OPTIONS: dict[str, dict[str, Any]] = {
+    "per_rank_metrics": {"per_rank_metrics": True, "hang_checks": False},
+    "hang_checks": {},
+    "hang_checks_debug": {"hang_checks": "debug"},
+}
 SKIP_STEPS = 5
 ROW_LOOPS_PER_STEP = 10
 _BATCH = 32
@@ -173,7 +181,7 @@ def _loader(world_size: int, batches: int, seed: int) -> "DataLoader[Any]":
 def _fit(
     config: str, root: str, *, world_size: int, batches: int, seed: int, clock: _StepClock, row_loops: int = 0
 ) -> _SmallModel:
-    strategy = DDPStrategy() if config == "stock" else PolicyDDPStrategy(per_rank_metrics=True)
+    strategy = DDPStrategy() if config == "stock" else PolicyDDPStrategy(**_OPTIONS[config])
     os.environ["WORLD_SIZE"] = str(world_size)  # LightningEnvironment.teardown removes it after every fit
     L.seed_everything(seed, verbose=False)
     trainer = L.Trainer(
@@ -244,7 +252,8 @@ def run_training(
         result.counted_steps = len(kept)
         progress(batches)
     for repeat in range(repeats):
-        for config in CONFIGS if repeat % 2 == 0 else CONFIGS[::-1]:
+        shift = repeat % len(CONFIGS)
+        for config in CONFIGS[shift:] + CONFIGS[:shift]:
             clock = _StepClock(None)
             root = os.path.join(workdir, f"time-{config}-{repeat}")
             model = _fit(

@@ -1,23 +1,45 @@
 """The only module of lightning-ext that talks to other ranks.
 
+Decisions run on the training process group; lightning-ext's own checks run on a separate gloo group
+(:func:`side_group`), and cross-rank error reports travel through the process group's store (:func:`store_client`).
 A decision pays exactly one collective: :func:`all_reduce_row`, an all-reduce of one small, fixed-size tensor on the
 strategy's device (never a pickled object). At world size 1 it returns the row untouched, with no communication.
 :func:`all_gather_objects` exists only for paths that are already failing or run once at set-up (naming the ranks
 that lack a metric, comparing configurations), where a pickled object is the clearest thing to send.
 """
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch._C._distributed_c10d import PrefixStore, TCPStore
 
 from lightning_ext._exchange import Layout, Number
 
-__all__ = ["RankGroup", "all_gather_objects", "all_reduce_row"]
+__all__ = [
+    "RankGroup",
+    "abort_process_groups",
+    "all_gather_objects",
+    "all_reduce_row",
+    "destroy_group",
+    "gather_objects_in",
+    "is_communication_failure",
+    "is_initialized",
+    "is_world",
+    "lightning_barrier_skipped",
+    "side_group",
+    "start_max_reduce",
+    "store_client",
+    "wait_for",
+]
 
 _DTYPES = {"int64": torch.int64, "float64": torch.float64}
 _OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}
+_STORE_TIMEOUT = timedelta(minutes=30)
 
 
 @dataclass(frozen=True)
@@ -60,3 +82,115 @@ def all_gather_objects(obj: Any, ranks: RankGroup) -> list[Any]:
     gathered: list[Any] = [None] * ranks.world_size
     dist.all_gather_object(gathered, obj, group=ranks.group)
     return gathered
+
+
+def is_initialized() -> bool:
+    """Whether the default process group exists (and has not been torn down)."""
+    return bool(dist.is_available() and dist.is_initialized())
+
+
+def is_world(group: Any) -> bool:
+    """Whether ``group`` means every rank: ``None`` (the default group) or ``torch.distributed.group.WORLD``."""
+    return group is None or (is_initialized() and group is dist.group.WORLD)
+
+
+def side_group() -> Any:
+    """A gloo group over every rank, for lightning-ext's own checks (a collective: every rank must call it).
+
+    Checks run there so that a check can never pair with another collective on the training group: a rank that
+    waits in a check is never matched with a rank that went on into DDP's gradient all-reduce.
+    """
+    return dist.new_group(backend="gloo")
+
+
+def start_max_reduce(row: list[int], group: Any) -> tuple[torch.Tensor, Any]:
+    """Start an element-wise max over ranks of an int64 row on ``group``; returns the tensor and its work handle."""
+    tensor = torch.tensor(row, dtype=torch.int64)
+    work = dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=group, async_op=True)
+    return tensor, work
+
+
+def wait_for(work: Any, seconds: float) -> bool:
+    """Wait up to ``seconds`` for ``work``: ``True`` once it completed, ``False`` if it is still pending.
+
+    Raises:
+        RuntimeError: the collective itself failed (a peer closed its connection, ...).
+
+    """
+    try:
+        work.wait(timeout=timedelta(seconds=seconds))
+    except RuntimeError:
+        if work.is_completed():
+            raise
+        return False
+    return True
+
+
+def gather_objects_in(obj: Any, group: Any, world_size: int) -> list[Any]:
+    """Every rank's ``obj`` on ``group``, in rank order (pickled; for error paths)."""
+    gathered: list[Any] = [None] * world_size
+    dist.all_gather_object(gathered, obj, group=group)
+    return gathered
+
+
+def store_client(namespace: str) -> Any:
+    """A store connection of this process's own, under ``namespace``, to the server of the default process group.
+
+    Its own connection, because a TCPStore client serves one request at a time: a watchdog blocked in ``wait`` on
+    the default group's client would stall every store operation of the training thread.
+    """
+    store = dist.distributed_c10d._get_default_store()
+    root = store
+    while isinstance(root, PrefixStore):
+        root = root.underlying_store
+    if isinstance(root, TCPStore):
+        root = TCPStore(root.host, root.port, is_master=False, wait_for_workers=False, timeout=_STORE_TIMEOUT)
+    return PrefixStore(namespace, root)
+
+
+def destroy_group(group: Any) -> None:
+    """Destroy a group created by :func:`side_group` (nothing if the process groups are already gone)."""
+    if is_initialized():
+        with contextlib.suppress(Exception):
+            dist.destroy_process_group(group)
+
+
+@contextlib.contextmanager
+def lightning_barrier_skipped() -> Iterator[None]:
+    """Within the block, ``torch.distributed.barrier`` does nothing.
+
+    Lightning's ``_sync_ddp`` runs a barrier before each all-reduce; a lightning-ext check has just lined the ranks up
+    at the same call, so that barrier would only add a collective. The all-reduce itself still runs, as Lightning
+    runs it.
+    """
+    barrier = dist.barrier
+    dist.barrier = _no_barrier
+    try:
+        yield
+    finally:
+        dist.barrier = barrier
+
+
+def _no_barrier(*args: Any, **kwargs: Any) -> None:
+    return None
+
+
+def abort_process_groups() -> None:
+    """Abort this rank's pending collectives on the training group, where the backend can (NCCL, not gloo).
+
+    A gloo collective cannot be aborted: it fails as soon as the peer's process ends, and aborting it would only
+    leave the group unusable for a later run in the same process.
+    """
+    if is_initialized() and dist.get_backend() != "gloo":
+        with contextlib.suppress(Exception):
+            dist.distributed_c10d._abort_process_group()
+
+
+def is_communication_failure(error: BaseException) -> bool:
+    """Whether ``error`` is a collective or store operation failing (a peer went away), not a genuine error."""
+    if isinstance(error, dist.DistError):
+        return True
+    text = str(error)
+    return isinstance(error, RuntimeError) and any(
+        marker in text for marker in ("Connection closed by peer", "Connection reset by peer", "gloo", "NCCL")
+    )

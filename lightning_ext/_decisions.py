@@ -37,6 +37,7 @@ from torch import Tensor
 from lightning_ext._collective import RankGroup, all_gather_objects, all_reduce_row
 from lightning_ext._exchange import Agreement, Layout, Observation, pack, unpack
 from lightning_ext._local_top_k import LocalTopK
+from lightning_ext._lockstep import mark_joint
 from lightning_ext.errors import LocalDecisionError, MonitorMissingError
 from lightning_ext.policies import AggregatePolicy, DecisionPolicy, VotePolicy, VoteTally
 
@@ -315,17 +316,19 @@ def _raise_failure(ranks: RankGroup, failure: BaseException | None, callback: An
     reports = all_gather_objects(local, ranks)
     details = "; ".join(f"rank {rank}: {report}" for rank, report in enumerate(reports) if report is not None)
     message = f"{_describe(callback)} could not make its cross-rank decision. {details}"
-    raise LocalDecisionError(message) from failure
+    raise mark_joint(LocalDecisionError(message)) from failure
 
 
 def _raise_missing(ranks: RankGroup, present: bool, callback: Any) -> NoReturn:
     presence = all_gather_objects(present, ranks)
     missing = [rank for rank, has in enumerate(presence) if not has]
     having = [rank for rank, has in enumerate(presence) if has]
-    raise MonitorMissingError(
-        f"{_describe(callback)}: the monitored metric {callback.monitor!r} is missing on rank(s) {missing} but logged"
-        f" on rank(s) {having} (world size {ranks.world_size}). Every rank must log it at the same point: do not log"
-        " it only under `if self.trainer.is_global_zero:` or with `rank_zero_only=True`."
+    raise mark_joint(
+        MonitorMissingError(
+            f"{_describe(callback)}: the monitored metric {callback.monitor!r} is missing on rank(s) {missing} but"
+            f" logged on rank(s) {having} (world size {ranks.world_size}). Every rank must log it at the same point:"
+            " do not log it only under `if self.trainer.is_global_zero:` or with `rank_zero_only=True`."
+        )
     )
 
 
@@ -336,9 +339,11 @@ def _describe(callback: Any) -> str:
 def _decide(policy: VotePolicy, tally: VoteTally) -> bool:
     decision = policy.decide(tally)
     if not isinstance(decision, bool):
-        raise TypeError(
-            f"{policy!r}.decide({tally}) returned {decision!r} of type {type(decision).__name__}; a decision policy"
-            " must return a bool"
+        raise mark_joint(  # every rank runs the policy on the same tally
+            TypeError(
+                f"{policy!r}.decide({tally}) returned {decision!r} of type {type(decision).__name__}; a decision"
+                " policy must return a bool"
+            )
         )
     return decision
 

@@ -21,6 +21,7 @@ from lightning.pytorch.strategies import DeepSpeedStrategy
 from torch.distributed.constants import default_pg_timeout
 from typing_extensions import override
 
+from lightning_ext._hang_guard import HangChecks, UnevenMode
 from lightning_ext._mixin import PolicyStrategyMixin
 from lightning_ext._names import register_policy_names
 from lightning_ext.policies import PolicyLike
@@ -103,6 +104,9 @@ class PolicyDeepSpeedStrategy(PolicyStrategyMixin, DeepSpeedStrategy):
         checkpoint_policy: PolicyLike = "all",
         early_stopping_policy: PolicyLike = "any",
         per_rank_metrics: bool | PerRankMetrics = False,
+        hang_checks: HangChecks = True,
+        uneven_batches: UnevenMode = "error",
+        check_unsized_loaders: bool = False,
     ) -> None:
         require_deepspeed()
         super().__init__(
@@ -155,6 +159,9 @@ class PolicyDeepSpeedStrategy(PolicyStrategyMixin, DeepSpeedStrategy):
             checkpoint_policy=checkpoint_policy,
             early_stopping_policy=early_stopping_policy,
             per_rank_metrics=per_rank_metrics,
+            hang_checks=hang_checks,
+            uneven_batches=uneven_batches,
+            check_unsized_loaders=check_unsized_loaders,
         )
 
     @classmethod

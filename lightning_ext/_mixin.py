@@ -8,14 +8,17 @@ validates what every rank brought, so a misconfiguration raises the same error o
 """
 
 import inspect
+import uuid
 from typing import TYPE_CHECKING, Any
 
 from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
 from lightning.pytorch.strategies import ParallelStrategy, Strategy
 from typing_extensions import override
 
-from lightning_ext import _decisions, _local_values, _runtime
+from lightning_ext import _collective, _decisions, _local_values, _runtime
 from lightning_ext._collective import RankGroup, all_gather_objects
+from lightning_ext._hang_guard import HangChecks, HangGuard, UnevenMode, validate_options
+from lightning_ext._lockstep import mark_joint
 from lightning_ext._rank_logger import RankCSVLogger, loggers_for
 from lightning_ext.errors import PolicyMismatchError
 from lightning_ext.policies import DecisionPolicy, PolicyLike, resolve_policy
@@ -41,6 +44,13 @@ class PolicyStrategyMixin(_Strategy):
         early_stopping_policy: how ranks agree to stop. Default ``"any"`` (stock Lightning).
         per_rank_metrics: ``True`` (or :class:`~lightning_ext.PerRankMetrics` options) to have every rank write its
             own, un-synced values of every logged row to ``<log_dir>/rank_<r>/metrics.csv``.
+        hang_checks: ``True`` (default) turns the pitfalls that freeze DDP jobs (uneven batches, synced logging on
+            some ranks only, ``barrier``/``broadcast``/``trainer.log_dir``/``trainer.save_checkpoint`` under a rank
+            guard, one rank failing) into the same error on every rank; ``"debug"`` also checks every
+            ``all_gather``; ``False`` switches them off.
+        uneven_batches: ``"error"`` (default) or ``"truncate"``: what to do when the ranks' dataloaders have
+            different numbers of batches in an epoch.
+        check_unsized_loaders: compare loaders without a length after every batch (one small check per step).
 
     Raises:
         TypeError: at construction, the class is not a ``ParallelStrategy``, or it overrides
@@ -60,9 +70,13 @@ class PolicyStrategyMixin(_Strategy):
         checkpoint_policy: PolicyLike = "all",
         early_stopping_policy: PolicyLike = "any",
         per_rank_metrics: bool | PerRankMetrics = False,
+        hang_checks: HangChecks = True,
+        uneven_batches: UnevenMode = "error",
+        check_unsized_loaders: bool = False,
         **kwargs: Any,
     ) -> None:
         _check_base(type(self))
+        validate_options(hang_checks, uneven_batches, check_unsized_loaders)
         _runtime.install()
         if not _runtime.seams_available():
             raise RuntimeError(
@@ -78,6 +92,7 @@ class PolicyStrategyMixin(_Strategy):
         self._per_rank_metrics = PerRankMetrics() if per_rank_metrics is True else (per_rank_metrics or None)
         self._run_log_dir: str | None = None
         self.rank_metrics_logger: RankCSVLogger | None = None
+        self._hang_guard = HangGuard(hang_checks, uneven_batches, check_unsized_loaders, self._flush_rank_files)
 
     @property
     def checkpoint_policy(self) -> DecisionPolicy:
@@ -94,11 +109,28 @@ class PolicyStrategyMixin(_Strategy):
         """The per-rank metrics options, or ``None`` when per-rank files are off."""
         return self._per_rank_metrics
 
+    @property
+    def hang_checks(self) -> HangChecks:
+        """Whether the hang checks are on (``True``), off (``False``), or in ``"debug"`` mode."""
+        return self._hang_guard.mode
+
+    @property
+    def uneven_batches(self) -> UnevenMode:
+        """What happens when the ranks' dataloaders have different numbers of batches: ``"error"`` or ``"truncate"``."""
+        return self._hang_guard.uneven_batches
+
+    @override
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # a spawned rank unpickles the strategy before Trainer._run: the seams must be in place before that call
+        _runtime.install()
+        super().__setstate__(state)
+
     @override
     def setup_environment(self) -> None:
         _runtime.install()  # a spawned or re-launched process imports us afresh
         super().setup_environment()
-        self._agree_at_set_up()
+        namespace = self._agree_at_set_up()
+        self._hang_guard.start(self._rank(), self.world_size, namespace, self._trainer())
 
     @override
     def setup(self, trainer: Any) -> None:
@@ -120,6 +152,10 @@ class PolicyStrategyMixin(_Strategy):
 
     @override
     def teardown(self) -> None:
+        try:
+            self._hang_guard.finish(self._trainer())
+        finally:
+            self._hang_guard.stop()
         rank_logger, self.rank_metrics_logger = self.rank_metrics_logger, None
         if rank_logger is not None:
             _local_values.stop_capture()
@@ -145,19 +181,50 @@ class PolicyStrategyMixin(_Strategy):
         """The logger connector's seam: the loggers one row goes to (with this rank's per-rank logger)."""
         return loggers_for(trainer, metrics)
 
+    @override
+    def reduce(self, tensor: Any, group: Any | None = None, reduce_op: Any = "mean") -> Any:
+        return self._hang_guard.reduce(super().reduce, tensor, group, reduce_op)  # type: ignore[safe-super]
+
+    @override
+    def barrier(self, name: str | None = None) -> None:
+        self._hang_guard.check_call(f"strategy.barrier({name!r})", ("barrier", name))
+        super().barrier(name)  # type: ignore[safe-super]
+
+    @override
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        self._hang_guard.check_call(f"strategy.broadcast(src={src})", ("broadcast", src))
+        return super().broadcast(obj, src)  # type: ignore[safe-super]
+
+    @override
+    def all_gather(self, tensor: Any, group: Any | None = None, sync_grads: bool = False) -> Any:
+        if _collective.is_world(group):
+            shape = tuple(tensor.shape) if hasattr(tensor, "shape") else None
+            identity = ("all_gather", shape, str(getattr(tensor, "dtype", None)))
+            self._hang_guard.check_call("strategy.all_gather()", identity, debug_only=True)
+        return super().all_gather(tensor, group=group, sync_grads=sync_grads)
+
+    def on_run_failure(self, error: BaseException) -> None:
+        """The ``Trainer._run`` seam: a fit/validate/test raised on this rank (see :class:`HangGuard.on_failure`)."""
+        self._hang_guard.on_failure(error, self._rank())
+
+    def _flush_rank_files(self) -> None:
+        if self.rank_metrics_logger is not None:
+            self.rank_metrics_logger.flush()
+
     def _rank(self) -> int:
         return int(self.global_rank)
 
     def _trainer(self) -> Any:
+        """The trainer, or ``None`` (``module.trainer`` raises when unattached: the launching process under spawn)."""
         module = self.lightning_module
-        return None if module is None else module.trainer
+        return None if module is None else getattr(module, "_trainer", None)
 
-    def _agree_at_set_up(self) -> None:
+    def _agree_at_set_up(self) -> str:
         """One gather at set-up; then every rank validates what every rank brought, and raises alike.
 
         Validation comes after the gather so that no rank raises while the others wait in it. Each rank resolving its
         own logger version is a known Lightning bug (#18294, #8945): the ranks adopt rank 0's.
-        At world size 1 nothing is exchanged.
+        At world size 1 nothing is exchanged. Returns the run's namespace in the store (rank 0's).
         """
         trainer = self._trainer()
         rank = self._rank()
@@ -166,18 +233,25 @@ class PolicyStrategyMixin(_Strategy):
                 self._checkpoint_policy.describe(),
                 self._early_stopping_policy.describe(),
                 repr(self._per_rank_metrics),
+                repr((self._hang_guard.mode, self._hang_guard.uneven_batches, self._hang_guard.check_unsized_loaders)),
             ),
             "invalid": _invalid_policies(self._checkpoint_policy, self._early_stopping_policy, self.world_size),
             "loggers": None if trainer is None else len(_versioned_loggers(trainer)),
             "versions": _logger_versions(trainer) if rank == 0 else None,
             "log_dir": _log_dir(trainer) if rank == 0 and self._per_rank_metrics else None,
+            "namespace": f"lightning_ext/{uuid.uuid4().hex}/" if rank == 0 else None,
         }
         everyone = all_gather_objects(mine, RankGroup.from_strategy(self))
-        _validate_agreement(everyone)
+        try:
+            _validate_agreement(everyone)
+        except Exception as error:  # every rank saw the same data, so every rank raises this
+            raise mark_joint(error) from None
         if trainer is not None and everyone[0]["versions"] is not None:
             for logger, version in zip(_versioned_loggers(trainer), everyone[0]["versions"], strict=True):
                 logger._version = version
         self._run_log_dir = everyone[0]["log_dir"]
+        namespace: str = everyone[0]["namespace"]
+        return namespace
 
 
 def _validate_agreement(everyone: list[dict[str, Any]]) -> None:
@@ -189,7 +263,7 @@ def _validate_agreement(everyone: list[dict[str, Any]]) -> None:
     if any(theirs["options"] != everyone[0]["options"] for theirs in everyone):
         listing = "; ".join(
             f"rank {rank}: checkpoint_policy={theirs['options'][0]}, early_stopping_policy={theirs['options'][1]},"
-            f" per_rank_metrics={theirs['options'][2]}"
+            f" per_rank_metrics={theirs['options'][2]}, hang checks={theirs['options'][3]}"
             for rank, theirs in enumerate(everyone)
         )
         raise PolicyMismatchError(f"The strategy is configured differently on different ranks: {listing}")

@@ -27,12 +27,16 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, Literal
 
+from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+from lightning.pytorch.loops.evaluation_loop import _EvaluationLoop
+from lightning.pytorch.loops.fetchers import _PrefetchDataFetcher
+from lightning.pytorch.loops.fit_loop import _FitLoop
 from lightning.pytorch.strategies import ParallelStrategy
 from lightning.pytorch.trainer.connectors.logger_connector.logger_connector import _LoggerConnector
-from lightning.pytorch.trainer.connectors.logger_connector.result import _ResultMetric
+from lightning.pytorch.trainer.connectors.logger_connector.result import _ResultCollection, _ResultMetric
 
-from lightning_ext import _local_values
+from lightning_ext import _loader_checks, _local_values, _log_checks
 
 __all__ = ["install", "patch_mode", "runtime_patching_enabled", "seams_available"]
 
@@ -67,11 +71,17 @@ def seams_available() -> bool:
 
 def install() -> None:
     """Install the runtime seams, once; nothing on a patched Lightning or when runtime patching is switched off."""
-    if patch_mode() == "native" or not runtime_patching_enabled():
+    if not runtime_patching_enabled():
         return
-    for owner, name, make in _seams():
-        current = getattr(owner, name)
-        if not getattr(current, _MARKER, False):
+    seams = _hang_seams() if patch_mode() == "native" else (*_seams(), *_hang_seams())
+    for owner, name, make in seams:
+        current = owner.__dict__.get(name, getattr(owner, name))
+        if isinstance(current, property):
+            if current.fget is not None and not getattr(current.fget, _MARKER, False):
+                getter = make(current.fget)
+                setattr(getter, _MARKER, True)
+                setattr(owner, name, property(getter, current.fset, current.fdel, current.__doc__))
+        elif not getattr(current, _MARKER, False):
             wrapper = make(current)
             setattr(wrapper, _MARKER, True)
             setattr(owner, name, wrapper)
@@ -84,6 +94,19 @@ def _seams() -> tuple[tuple[type, str, Callable[[Any], Any]], ...]:
         (EarlyStopping, "_run_early_stopping_check", _early_stopping_seam),
         (_LoggerConnector, "log_metrics", _log_metrics_seam),
         (_ResultMetric, "forward", _forward_seam),
+    )
+
+
+def _hang_seams() -> tuple[tuple[type, str, Callable[[Any], Any]], ...]:
+    return (
+        (_ResultMetric, "compute", _compute_seam),
+        (_LoggerConnector, "on_batch_start", _batch_start_seam),
+        (_ResultCollection, "metrics", _epoch_metrics_seam),
+        (_FitLoop, "setup_data", _fit_data_seam),
+        (_EvaluationLoop, "setup_data", _evaluation_data_seam),
+        (_EvaluationLoop, "max_batches", _evaluation_batches_seam),
+        (_PrefetchDataFetcher, "__next__", _fetch_seam),
+        (Trainer, "_run", _run_seam),
     )
 
 
@@ -164,7 +187,105 @@ def _loggers_for_this_call(trainer: Any, loggers: list[Any]) -> Iterator[None]:
 def _forward_seam(original: Callable[..., None]) -> Callable[..., None]:
     @functools.wraps(original)
     def forward(self: _ResultMetric, value: Any, batch_size: int) -> None:
-        original(self, value, batch_size)
+        if _log_checks.active() is None:
+            original(self, value, batch_size)
+        else:
+            with _log_checks.syncing(self, "step"):
+                original(self, value, batch_size)
         _local_values.record_update(self, value)
 
     return forward
+
+
+def _batch_start_seam(original: Callable[..., None]) -> Callable[..., None]:
+    @functools.wraps(original)
+    def on_batch_start(self: _LoggerConnector, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        _log_checks.batch_started()
+
+    return on_batch_start
+
+
+def _compute_seam(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def compute(self: _ResultMetric) -> Any:
+        if _log_checks.active() is None:
+            return original(self)
+        with _log_checks.syncing(self, "epoch"):
+            return original(self)
+
+    return compute
+
+
+def _epoch_metrics_seam(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def metrics(self: _ResultCollection, on_step: bool) -> Any:
+        if on_step or _log_checks.active() is None:
+            return original(self, on_step)
+        with _log_checks.epoch_round(self):
+            return original(self, on_step)
+
+    return metrics
+
+
+def _fit_data_seam(original: Callable[..., None]) -> Callable[..., None]:
+    @functools.wraps(original)
+    def setup_data(self: _FitLoop) -> None:
+        original(self)
+        checks = _loader_checks.active()
+        if checks is not None:
+            checks.after_fit_setup_data(self)
+
+    return setup_data
+
+
+def _evaluation_data_seam(original: Callable[..., None]) -> Callable[..., None]:
+    @functools.wraps(original)
+    def setup_data(self: _EvaluationLoop) -> None:
+        original(self)
+        checks = _loader_checks.active()
+        if checks is not None:
+            checks.after_eval_setup_data(self)
+
+    return setup_data
+
+
+def _evaluation_batches_seam(original: Callable[..., list[Any]]) -> Callable[..., list[Any]]:
+    @functools.wraps(original)
+    def max_batches(self: _EvaluationLoop) -> list[Any]:
+        return _loader_checks.truncated_max_batches(self, original(self))
+
+    return max_batches
+
+
+def _fetch_seam(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def __next__(self: _PrefetchDataFetcher) -> Any:
+        checks = _loader_checks.active()
+        if checks is None or not checks.unsized:
+            return original(self)
+        try:
+            batch = original(self)
+        except StopIteration:
+            checks.after_fetch(self, exhausted=True, dataloader_index=None)
+            raise
+        index = batch[2] if isinstance(batch, tuple) and len(batch) == 3 else None
+        if checks.after_fetch(self, exhausted=False, dataloader_index=index):
+            raise StopIteration
+        return batch
+
+    return __next__
+
+
+def _run_seam(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def _run(self: Trainer, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return original(self, *args, **kwargs)
+        except BaseException as error:
+            hook = getattr(self.strategy, "on_run_failure", None)
+            if hook is not None:
+                hook(error)  # may raise another rank's error instead, from this one
+            raise
+
+    return _run

@@ -1,6 +1,19 @@
-"""Errors that lightning-ext raises identically on every rank, so that no rank is left waiting in a collective."""
+"""Errors that lightning-ext raises identically on every rank, so that no rank is left waiting in a collective.
 
-__all__ = ["CrossRankError", "LocalDecisionError", "MonitorMissingError", "PolicyMismatchError"]
+Every one subclasses :class:`CrossRankError`. Where a rank cannot raise on its own (it is blocked in a collective that
+the others never join), lightning-ext unblocks it and it raises the same error, with the same message.
+"""
+
+__all__ = [
+    "CrossRankError",
+    "DivergentCollectiveError",
+    "DivergentLoggingError",
+    "LocalDecisionError",
+    "MonitorMissingError",
+    "PolicyMismatchError",
+    "RankFailedError",
+    "UnevenBatchesError",
+]
 
 
 class CrossRankError(RuntimeError):
@@ -16,4 +29,20 @@ class LocalDecisionError(CrossRankError):
 
 
 class PolicyMismatchError(CrossRankError):
-    """The ranks were configured with different decision policies."""
+    """The ranks were configured differently (decision policies, options, loggers)."""
+
+
+class UnevenBatchesError(CrossRankError):
+    """The ranks would run different numbers of batches in an epoch; the message names the dataloader and counts."""
+
+
+class DivergentLoggingError(CrossRankError):
+    """A synced ``self.log`` (or a logged torchmetrics metric) was logged on some ranks only, or with other keys."""
+
+
+class DivergentCollectiveError(CrossRankError):
+    """A collective call (``barrier``, ``broadcast``, ``trainer.log_dir``, ...) was made on some ranks only."""
+
+
+class RankFailedError(CrossRankError):
+    """Another rank raised; its error and traceback are in the message."""

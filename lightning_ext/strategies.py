@@ -39,6 +39,7 @@ from torch.nn import Module
 from typing_extensions import override
 
 from lightning_ext import _deepspeed
+from lightning_ext._hang_guard import HangChecks, UnevenMode
 from lightning_ext._mixin import PolicyStrategyMixin
 from lightning_ext._names import register_policy_names
 from lightning_ext.policies import PolicyLike
@@ -67,7 +68,8 @@ class PolicyDDPStrategy(PolicyStrategyMixin, DDPStrategy):
 
     Takes every :class:`~lightning.pytorch.strategies.DDPStrategy` argument, plus the keyword-only options of
     :class:`~lightning_ext.PolicyStrategyMixin`: ``checkpoint_policy`` (default ``"all"``, as stock),
-    ``early_stopping_policy`` (default ``"any"``, as stock) and ``per_rank_metrics``.
+    ``early_stopping_policy`` (default ``"any"``, as stock), ``per_rank_metrics``, and the hang checks
+    (``hang_checks``, ``uneven_batches``, ``check_unsized_loaders``).
 
     A policy is a name from :func:`~lightning_ext.available_policies` or a :class:`~lightning_ext.DecisionPolicy`
     object such as ``Quorum(2)``. Whatever the policy, every rank ends each decision with the same decision, the same
@@ -101,6 +103,9 @@ class PolicyDDPStrategy(PolicyStrategyMixin, DDPStrategy):
         checkpoint_policy: PolicyLike = "all",
         early_stopping_policy: PolicyLike = "any",
         per_rank_metrics: bool | PerRankMetrics = False,
+        hang_checks: HangChecks = True,
+        uneven_batches: UnevenMode = "error",
+        check_unsized_loaders: bool = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(
@@ -119,6 +124,9 @@ class PolicyDDPStrategy(PolicyStrategyMixin, DDPStrategy):
             checkpoint_policy=checkpoint_policy,
             early_stopping_policy=early_stopping_policy,
             per_rank_metrics=per_rank_metrics,
+            hang_checks=hang_checks,
+            uneven_batches=uneven_batches,
+            check_unsized_loaders=check_unsized_loaders,
             **kwargs,
         )
 
@@ -174,6 +182,9 @@ class PolicyFSDPStrategy(PolicyStrategyMixin, FSDPStrategy):
         checkpoint_policy: PolicyLike = "all",
         early_stopping_policy: PolicyLike = "any",
         per_rank_metrics: bool | PerRankMetrics = False,
+        hang_checks: HangChecks = True,
+        uneven_batches: UnevenMode = "error",
+        check_unsized_loaders: bool = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(
@@ -195,6 +206,9 @@ class PolicyFSDPStrategy(PolicyStrategyMixin, FSDPStrategy):
             checkpoint_policy=checkpoint_policy,
             early_stopping_policy=early_stopping_policy,
             per_rank_metrics=per_rank_metrics,
+            hang_checks=hang_checks,
+            uneven_batches=uneven_batches,
+            check_unsized_loaders=check_unsized_loaders,
             **kwargs,
         )
 
@@ -234,6 +248,9 @@ class PolicyModelParallelStrategy(PolicyStrategyMixin, ModelParallelStrategy):
         checkpoint_policy: PolicyLike = "all",
         early_stopping_policy: PolicyLike = "any",
         per_rank_metrics: bool | PerRankMetrics = False,
+        hang_checks: HangChecks = True,
+        uneven_batches: UnevenMode = "error",
+        check_unsized_loaders: bool = False,
     ) -> None:
         super().__init__(
             data_parallel_size=data_parallel_size,
@@ -244,6 +261,9 @@ class PolicyModelParallelStrategy(PolicyStrategyMixin, ModelParallelStrategy):
             checkpoint_policy=checkpoint_policy,
             early_stopping_policy=early_stopping_policy,
             per_rank_metrics=per_rank_metrics,
+            hang_checks=hang_checks,
+            uneven_batches=uneven_batches,
+            check_unsized_loaders=check_unsized_loaders,
         )
 
 

@@ -25,11 +25,9 @@ from lightning_ext import available_policies
 REPO = Path(__file__).resolve().parent.parent
 POLICIES = ("all", "any", "majority", "rank_zero", "mean", "min", "max")
 DECISION_SUBJECTS = {f"{path}/{name}" for path in ("checkpoint", "early_stopping") for name in ("stock", *POLICIES)}
-TRAINING_SUBJECTS = {
-    "training_step/stock",
-    "training_step/per_rank_metrics",
-    "training_step_cpu/stock",  # diagnostic: CPU time of the main thread
-    "training_step_cpu/per_rank_metrics",
+TRAINING_CONFIGS = ("stock", "per_rank_metrics", "hang_checks", "hang_checks_debug")
+TRAINING_SUBJECTS = {  # training_step_cpu/*: a diagnostic, CPU time of the main thread
+    f"{prefix}/{config}" for prefix in ("training_step", "training_step_cpu") for config in TRAINING_CONFIGS
 }
 ROW_KEYS = {"backend", "device", "world_size", "subject", "median_us", "p90_us", "ratio_to_stock", "collectives"}
 
@@ -117,12 +115,14 @@ def test_smoke_collectives_are_counted(smoke: tuple[Path, subprocess.CompletedPr
             assert row["collectives_by_name"] == {"all_reduce": 1, "barrier": 1}, row
     steps = {row["subject"]: row for row in rows if row["subject"] in TRAINING_SUBJECTS}
     assert steps["training_step/stock"]["collectives"] > 0  # the counter sees the synced metric
-    assert (
-        steps["training_step/per_rank_metrics"]["collectives_by_name"]
-        == steps["training_step/stock"]["collectives_by_name"]
-    )
+    stock = steps["training_step/stock"]
+    assert steps["training_step/per_rank_metrics"]["collectives_by_name"] == stock["collectives_by_name"]
+    # the default checks replace the barrier of each synced log's _sync_ddp with a check: the same number, no barrier
+    checked = steps["training_step/hang_checks"]["collectives_by_name"]
+    assert sum(checked.values()) == stock["collectives"] and "barrier" not in checked
+    assert checked["all_reduce"] == stock["collectives_by_name"]["all_reduce"] + stock["collectives_by_name"]["barrier"]
     extra = [t for t in document["targets"] if t["name"] == "extra collectives per logging step"]
-    assert len(extra) == 1 and extra[0]["value"] == 0 and extra[0]["met"] is True
+    assert len(extra) == 2 and all(t["value"] == 0 and t["met"] for t in extra)
     counted = [t for t in document["targets"] if t["name"] == "collectives per decision"]
     assert len(counted) == 2 * 2 * len(POLICIES) and all(t["met"] for t in counted)
 
@@ -153,6 +153,8 @@ def test_targets_are_marked_met_or_missed() -> None:
             row("checkpoint/all", 1.2, 2),
             row("training_step/stock", 1.0, 3),
             row("training_step/per_rank_metrics", 1.01, 4),
+            row("training_step/hang_checks", 1.025, 3),
+            row("training_step/hang_checks_debug", 1.5, 5),  # measured, no target
         ]
     )
     verdicts = {(t.name, t.where.split()[-1]): t.met for t in targets}
@@ -163,6 +165,8 @@ def test_targets_are_marked_met_or_missed() -> None:
         ("collectives per decision", "checkpoint/all"): False,
         ("training step vs stock", "training_step/per_rank_metrics"): True,
         ("extra collectives per logging step", "training_step/per_rank_metrics"): False,
+        ("training step vs stock", "training_step/hang_checks"): False,  # its limit is 1.02
+        ("extra collectives per logging step", "training_step/hang_checks"): True,
     }
 
 

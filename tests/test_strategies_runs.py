@@ -10,17 +10,15 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from lightning_ext import read_rank_metrics
+from tests._jobs import clean_env, free_port, launch
 from tests.strategy_scenarios import EPOCHS_RUN, EXPECTED, PATH_KEYS, TABLE, checkpoint_listing
 
 pytestmark = pytest.mark.slow
@@ -28,10 +26,6 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "tests" / "scripts" / "strategy_run.py"
 POLICIES = {"checkpoint_policy": "mean", "early_stopping_policy": "majority", "per_rank_metrics": True}
-LAUNCH_TIMEOUT = 240.0
-_DISTRIBUTED_ENV = (
-    *("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT"),
-)
 
 
 # ---- checks shared by every run ------------------------------------------------------------------------------------
@@ -122,66 +116,6 @@ def test_model_parallel_decides_saves_and_logs_as_ddp(rank_pools: Any, tmp_path:
 
 
 # ---- processes started by a launcher -------------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def clean_env(**extra: str) -> dict[str, str]:
-    """The test's environment without any launcher's variables, plus ``extra``."""
-    env = {
-        key: value
-        for key, value in os.environ.items()
-        if key not in _DISTRIBUTED_ENV and not key.startswith(("SLURM_", "TORCHELASTIC_"))
-    }
-    return {**env, "PYTHONPATH": str(REPO), "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1", **extra}
-
-
-def launch(commands: dict[str, tuple[list[str], dict[str, str]]], cwd: Path, timeout: float = LAUNCH_TIMEOUT) -> None:
-    """Start every command at once; all must exit 0 within ``timeout``, or the failure shows every output.
-
-    A command that outlives the deadline gets SIGTERM (torchrun then stops its workers), then SIGKILL.
-    """
-    processes = {}
-    for name, (command, env) in commands.items():
-        log = (cwd / f"{name}.log").open("w")
-        processes[name] = subprocess.Popen(
-            command, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-        )
-        log.close()
-    deadline = time.monotonic() + timeout
-    timed_out = []
-    for name, process in processes.items():
-        try:
-            process.wait(max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            timed_out.append(name)
-    for name in timed_out:
-        _stop(processes[name])
-    failed = {name: process.returncode for name, process in processes.items() if process.returncode != 0}
-    if failed or timed_out:
-        outputs = "\n".join(
-            f"--- {name} (exit {processes[name].returncode}) ---\n{(cwd / f'{name}.log').read_text()[-6000:]}"
-            for name in processes
-        )
-        pytest.fail(f"launch failed: exit codes {failed}, timed out {timed_out} after {timeout:.0f}s\n{outputs}")
-
-
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    for sig, grace in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(process.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            process.wait(grace)
-            return
-        except subprocess.TimeoutExpired:
-            continue
-
-
 @pytest.mark.parametrize("per_node", [1, 2], ids=["2x1", "2x2"])
 def test_torchrun_two_nodes(tmp_path: Path, per_node: int) -> None:
     """Two ``torchrun`` agents, one per node (``--node-rank 0/1``), meeting on loopback."""
@@ -255,6 +189,7 @@ for name in ("ddp", "ddp_majority", "ddp_spawn", "ddp_spawn_majority"):
 cell = {"interactive": _IS_INTERACTIVE, "pid": os.getpid(), "registered": registered, "refused": refused}
 print("CELL " + json.dumps(cell), flush=True)
 
+from tests._jobs import LAUNCH_TIMEOUT, clean_env, free_port, launch
 from tests.strategy_scenarios import fit
 fit(sys.argv[1], "ddp_notebook_majority", 2)
 """

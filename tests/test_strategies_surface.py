@@ -40,7 +40,14 @@ from lightning_ext.policies import resolve_policy
 
 DEEPSPEED_INSTALLED = importlib.util.find_spec("deepspeed") is not None
 needs_deepspeed = pytest.mark.skipif(not DEEPSPEED_INSTALLED, reason="DeepSpeed is not installed (GPU-only package)")
-MIXIN_OPTIONS = {"checkpoint_policy": "all", "early_stopping_policy": "any", "per_rank_metrics": False}
+MIXIN_OPTIONS = {
+    "checkpoint_policy": "all",
+    "early_stopping_policy": "any",
+    "per_rank_metrics": False,
+    "hang_checks": True,
+    "uneven_batches": "error",
+    "check_unsized_loaders": False,
+}
 PAIRS = [
     (PolicyDDPStrategy, DDPStrategy),
     (PolicyFSDPStrategy, FSDPStrategy),

@@ -1,0 +1,226 @@
+"""Checks on synced logging: the same keys, synced in the same order, on every rank, before Lightning syncs them.
+
+Lightning syncs a logged value with ``strategy.reduce``: a step value inside ``self.log``, an epoch value when the
+epoch's metrics are computed. A ``self.log(..., sync_dist=True)`` under ``if self.trainer.is_global_zero:`` leaves
+rank 0 alone in that collective; a ``log_dict`` whose keys differ by rank pairs one rank's key with another's.
+
+* **Step values**: each sync passes a check (:mod:`lightning_ext._lockstep`) naming the key, the hook and where it
+  was logged. Lightning's ``_sync_ddp`` runs a barrier before its all-reduce; the check is that barrier (every rank
+  arrived, at the same key), so Lightning's barrier is skipped for that call: no extra collective.
+* **Epoch values**: before the first epoch-level value of a round is computed, one check covers every key that is
+  about to sync (tensors with ``sync_dist=True`` and torchmetrics metrics, whose own sync is not Lightning's), in
+  order. The per-key syncs inside that round then skip Lightning's barrier too.
+
+The seams in :mod:`lightning_ext._runtime` tell this module which logged metric is syncing (:func:`syncing`) and
+when an epoch round starts (:func:`epoch_round`); the strategy's ``reduce`` asks :func:`point_for_reduce`.
+"""
+
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from lightning_ext._lockstep import Lockstep, Point
+
+__all__ = [
+    "LogChecks",
+    "active",
+    "batch_started",
+    "check_reduce",
+    "epoch_round",
+    "start",
+    "stop",
+    "syncing",
+    "user_site",
+]
+
+_STATE = "_lightning_ext_checks"
+
+
+class _MetricState:
+    """Where a logged metric was first logged, and its points: one plain object in the metric's ``__dict__``.
+
+    Plain on purpose: Lightning walks a ``_ResultMetric``'s ``__dict__`` on every ``self.log`` (to move tensors) and
+    leaves such objects alone; and the metric itself cannot be a dictionary key (torchmetrics hashes its state).
+    """
+
+    __slots__ = ("points", "site")
+
+    def __init__(self, site: str) -> None:
+        self.site = site
+        self.points: dict[tuple[str, int], Point] = {}
+
+
+def _state(metric: Any) -> _MetricState | None:
+    state: _MetricState | None = metric.__dict__.get(_STATE)
+    return state
+
+
+@dataclass
+class LogChecks:
+    """The logging checks of the running strategy, and what is syncing right now."""
+
+    lockstep: Lockstep
+    trainer: Any = None
+    metric: Any = None  # the _ResultMetric whose value is syncing
+    phase: str = ""  # "step" or "epoch"
+    part: int = 0  # the how-many-th sync of this metric in this phase (a mean syncs its sum, then its count)
+    covered: bool = False  # an epoch round's check already covered the per-key syncs
+    batches: int = 0  # batches started on this rank (every stage): a step value's sync must happen at the same one
+
+
+_ACTIVE: LogChecks | None = None
+
+
+def start(lockstep: Lockstep, trainer: Any) -> None:
+    """Check synced logging from now on (the strategy calls this at set-up, on every rank)."""
+    global _ACTIVE
+    _ACTIVE = LogChecks(lockstep, trainer)
+
+
+def stop() -> None:
+    """Stop checking."""
+    global _ACTIVE
+    _ACTIVE = None
+
+
+def active() -> LogChecks | None:
+    """The running checks, if any."""
+    return _ACTIVE
+
+
+def batch_started() -> None:
+    """A train or evaluation batch starts (the logger connector's ``on_batch_start`` seam)."""
+    checks = _ACTIVE
+    if checks is not None:
+        checks.batches += 1
+
+
+@contextmanager
+def syncing(metric: Any, phase: str) -> Iterator[None]:
+    """Within the block, ``strategy.reduce`` calls sync ``metric``'s ``phase`` value (set by the seams)."""
+    checks = _ACTIVE
+    if checks is None:
+        yield
+        return
+    if phase == "step" and _STATE not in metric.__dict__:
+        metric.__dict__[_STATE] = _MetricState(user_site())
+    previous = checks.metric, checks.phase, checks.part
+    checks.metric, checks.phase, checks.part = metric, phase, 0
+    try:
+        yield
+    finally:
+        checks.metric, checks.phase, checks.part = previous
+
+
+@contextmanager
+def epoch_round(results: Any) -> Iterator[None]:
+    """Before ``results.metrics(on_step=False)``: check the epoch keys about to sync, then let them sync unchecked."""
+    checks = _ACTIVE
+    if checks is None or checks.covered:
+        yield
+        return
+    entries = [_entry(metric) for metric in _pending_epoch_syncs(results)]
+    if entries:
+        keys = tuple((entry["fx"], entry["name"], entry["dataloader"], entry["reduce"]) for entry in entries)
+        names = ", ".join(repr(entry["name"]) for entry in entries)
+        stage, position = _round(checks, results)
+        where = f"the {stage} epoch-end sync of {names}"
+        point = Point("epoch_logs", ("epoch_logs", keys), where, entries)
+        checks.lockstep.require(point, position, f"epoch {checks.trainer.current_epoch}")
+    checks.covered = bool(entries)
+    try:
+        yield
+    finally:
+        checks.covered = False
+
+
+def check_reduce(checks: LogChecks, tensor: Any, reduce_op: Any) -> None:
+    """Check one ``strategy.reduce`` call: a logged value's sync (at its batch or epoch round), or another reduce."""
+    metric = checks.metric
+    if metric is None:
+        site = user_site()
+        identity = ("reduce", str(reduce_op), str(tensor.dtype), tuple(tensor.shape))
+        where = f"strategy.reduce(..., reduce_op={reduce_op!r}) called from {site}"
+        checks.lockstep.require(Point("collective", identity, where))
+        return
+    if checks.covered and checks.phase == "epoch":
+        return
+    point = _log_point(checks, metric)
+    if checks.phase == "step":
+        checks.lockstep.require(point, checks.batches, f"batch {checks.batches}")
+    else:  # an epoch value computed outside an epoch round
+        checks.lockstep.require(point, -_round(checks, None)[1], f"epoch {checks.trainer.current_epoch}")
+
+
+def _log_point(checks: LogChecks, metric: Any) -> Point:
+    part, checks.part = checks.part, checks.part + 1
+    state = _state(metric)
+    if state is None:
+        state = metric.__dict__[_STATE] = _MetricState("logged earlier")
+    cache = state.points
+    point = cache.get((checks.phase, part))
+    if point is None:
+        entry = _entry(metric)
+        key = ("log", checks.phase, entry["fx"], entry["name"], entry["dataloader"], part)
+        point = Point("log", key, _describe(entry, checks.phase), entry)
+        cache[(checks.phase, part)] = point
+    return point
+
+
+def user_site() -> str:
+    """``file:line in function`` of the innermost caller outside torch, Lightning, lightning-ext and the stdlib."""
+    from lightning_ext._watchdog import _is_library
+
+    frame = sys._getframe(1)
+    while frame is not None:
+        path = frame.f_code.co_filename.replace("\\", "/")
+        if not _is_library(path):
+            return f"{frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}"
+        frame = frame.f_back  # type: ignore[assignment]
+    return "an unknown place"
+
+
+def _round(checks: LogChecks, results: Any) -> tuple[str, int]:
+    """Which epoch-end round this is, for people and as a position that orders the rounds of a fit."""
+    trainer = checks.trainer
+    if trainer.sanity_checking:
+        stage, order = "sanity check", 0
+    elif (results is not None and results.training) or (results is None and trainer.training):
+        stage, order = "training", 2
+    else:
+        stage, order = "validation" if not trainer.testing else "test", 1
+    return stage, 1 + 4 * trainer.current_epoch + order
+
+
+def _pending_epoch_syncs(results: Any) -> list[Any]:
+    """The logged metrics whose epoch value will sync when computed now, in Lightning's order."""
+    pending = []
+    for _, metric in results.valid_items():
+        meta = metric.meta
+        if not meta.on_epoch or metric._computed is not None:
+            continue
+        if metric.is_tensor:
+            if meta.sync.should and not meta.sync.rank_zero_only:
+                pending.append(metric)
+        elif getattr(metric.value, "sync_on_compute", True) and getattr(metric.value, "_to_sync", True):
+            pending.append(metric)  # a torchmetrics metric syncs its state in its own compute()
+    return pending
+
+
+def _entry(metric: Any) -> dict[str, Any]:
+    meta = metric.meta
+    state = _state(metric)
+    site = "logged earlier" if state is None else state.site
+    return {
+        "name": meta.name,
+        "fx": meta.fx,
+        "dataloader": meta.dataloader_idx,
+        "reduce": "metric" if not metric.is_tensor else getattr(meta.reduce_fx, "__name__", str(meta.reduce_fx)),
+        "site": f"{meta.fx}, {site}",
+    }
+
+
+def _describe(entry: dict[str, Any], phase: str) -> str:
+    return f"self.log({entry['name']!r}, sync_dist=True) ({phase} value) in {entry['site']}"

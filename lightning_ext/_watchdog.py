@@ -1,0 +1,236 @@
+"""A per-rank watchdog thread: it reports where its rank is stuck, and delivers another rank's error.
+
+A rank blocked inside a collective cannot say anything: its training thread sits in C++ until a peer arrives. So
+each rank runs a small daemon thread, blocked in the process group's store on its own mailbox (no CPU, no
+collective, nothing per step). Two kinds of mail reach it:
+
+* a *location query*, from a rank that has waited too long in a check: the thread answers with a snapshot of its
+  training thread (its Python stack, whether it sits in a ``torch.distributed`` call or in ``backward``, and the
+  check lightning-ext says it is in), so the waiting rank can tell "slow" from "gone elsewhere";
+* an *error*, posted by a rank that failed or that proved a deadlock: the thread records it (the training thread
+  raises it as soon as it can) and aborts this rank's pending collectives where the backend allows (NCCL).
+
+The error board is one store key, written once (the first error wins), so every rank reports the same error.
+"""
+
+import hashlib
+import json
+import sys
+import sysconfig
+import threading
+import traceback
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+from lightning_ext import _collective
+
+__all__ = ["ErrorRecord", "Location", "Watchdog"]
+
+_ANSWER_TIMEOUT = timedelta(seconds=5)
+_IDLE_WAIT = timedelta(hours=24)  # the thread sleeps in the store until mail arrives; stop() sends mail
+_STDLIB = Path(sysconfig.get_paths()["stdlib"]).as_posix()
+# installed packages (torch's site-packages) and lightning-ext itself, wherever it lives
+_PACKAGES = tuple(
+    Path(module.__file__).parents[levels].as_posix() + "/"
+    for module, levels in ((sys.modules.get("torch"), 1), (sys.modules.get("lightning_ext"), 0))
+    if module is not None and module.__file__ is not None
+)
+
+
+@dataclass(frozen=True)
+class ErrorRecord:
+    """An error as every rank will raise it.
+
+    Attributes:
+        cls: the name of a :mod:`lightning_ext.errors` class.
+        message: the message, identical on every rank.
+        rank: the rank that posted it.
+        joint: whether every rank raised it together (no rank is blocked, so nothing needs unblocking).
+
+    """
+
+    cls: str
+    message: str
+    rank: int
+    joint: bool = False
+
+
+@dataclass(frozen=True)
+class Location:
+    """Where one rank's training thread is, as its watchdog saw it.
+
+    Attributes:
+        rank: the rank.
+        check: the lightning-ext check it waits in, as ``(sequence number, description)``, or ``None``.
+        blocked_in: the blocking call its training thread is inside (a ``torch.distributed`` function or autograd's
+            ``backward``), or ``None`` if it is running other code.
+        at: the innermost frame of user code (``file:line in function``), or ``None``.
+        signature: a digest of the whole stack, to tell a thread that is stuck from one that moves.
+
+    """
+
+    rank: int
+    check: tuple[int, str] | None
+    blocked_in: str | None
+    at: str | None
+    signature: str
+
+    def describe(self) -> str:
+        """One clause for an error message."""
+        if self.check is not None:
+            return f"rank {self.rank} is waiting at {self.check[1]}"
+        where = f" (called from {self.at})" if self.at else ""
+        if self.blocked_in is not None:
+            return f"rank {self.rank} is blocked in {self.blocked_in}{where}"
+        return f"rank {self.rank} is running {self.at or 'outside user code'}"
+
+
+class Watchdog:
+    """The watchdog of this rank: location queries, the error board, and the thread that serves both.
+
+    Args:
+        namespace: the run's store namespace, identical on every rank.
+        rank: this rank.
+        world_size: the number of ranks.
+
+    """
+
+    def __init__(self, namespace: str, rank: int, world_size: int) -> None:
+        self.rank = rank
+        self.world_size = world_size
+        self.check: tuple[int, str] | None = None  # set by the training thread around each check wait
+        self._store = _collective.store_client(namespace)  # the training thread's
+        self._thread_store = _collective.store_client(namespace)  # the watchdog thread's, so it never blocks ours
+        self._posted: ErrorRecord | None = None
+        self.on_error: Callable[[], None] = _nothing  # set by the owner: what to do when an error is posted
+        self._main = threading.main_thread().ident
+        self._thread = threading.Thread(target=self._serve, name=f"lightning-ext-watchdog-{rank}", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Let the thread end (it reads its mailbox once more)."""
+        self._mail(self.rank, {"type": "stop"})
+
+    def post(self, record: ErrorRecord) -> ErrorRecord:
+        """Post ``record`` unless another error was posted first; wake every watchdog; return the error that won."""
+        encoded = json.dumps(record.__dict__)
+        winner = self._store.compare_set("error", "", encoded).decode()
+        if winner == encoded:
+            for rank in range(self.world_size):
+                self._mail(rank, {"type": "error"})
+        return ErrorRecord(**json.loads(winner))
+
+    def posted(self) -> ErrorRecord | None:
+        """The posted error, if the thread has seen one (no store round trip)."""
+        return self._posted
+
+    def read_posted(self) -> ErrorRecord | None:
+        """The posted error, asking the store (for a training thread that just saw a collective fail)."""
+        if self._posted is None and self._store.check(["error"]):
+            self._posted = ErrorRecord(**json.loads(self._store.get("error")))
+        return self._posted
+
+    def publish_pending(self, count: int) -> None:
+        """Say that this rank waits in its ``count``-th check (only ranks that wait long say so)."""
+        self._store.set(f"pending/{self.rank}", str(count))
+
+    def pending_checks(self) -> int:
+        """The highest check number any rank said it waits in (0 if none)."""
+        keys = [f"pending/{rank}" for rank in range(self.world_size)]
+        present = [key for key in keys if self._thread_store.check([key])]
+        return max((int(self._thread_store.get(key)) for key in present), default=0)
+
+    def request_completion(self) -> None:
+        """Ask every watchdog to complete the checks still pending (see ``on_error``)."""
+        for rank in range(self.world_size):
+            self._mail(rank, {"type": "complete"})
+
+    def claim(self, key: str) -> bool:
+        """Whether this rank is the first to claim ``key`` (so one rank, not all, does a piece of slow-path work)."""
+        return bool(self._store.compare_set(f"claim/{key}", "", str(self.rank)).decode() == str(self.rank))
+
+    def locate(self, ranks: list[int]) -> dict[int, Location]:
+        """Ask the watchdogs of ``ranks`` where their training threads are (ranks that do not answer are left out)."""
+        query = uuid.uuid4().hex
+        for rank in ranks:
+            self._mail(rank, {"type": "query", "id": query})
+        keys = [f"answer/{query}/{rank}" for rank in ranks]
+        try:
+            self._store.wait(keys, _ANSWER_TIMEOUT)
+        except Exception:  # some did not answer in time: take the others
+            keys = [key for key in keys if self._store.check([key])]
+        return {location.rank: location for location in (Location(**json.loads(self._store.get(k))) for k in keys)}
+
+    def snapshot(self) -> Location:
+        """Where this rank's training thread is now."""
+        frame = sys._current_frames().get(self._main or 0)
+        stack = traceback.extract_stack(frame) if frame is not None else traceback.StackSummary()
+        return Location(
+            rank=self.rank,
+            check=self.check,
+            blocked_in=_blocking_call(stack),
+            at=_user_frame(stack),
+            signature=hashlib.blake2b(
+                repr([(f.filename, f.lineno) for f in stack]).encode(), digest_size=8
+            ).hexdigest(),
+        )
+
+    def _mail(self, rank: int, message: dict[str, str]) -> None:
+        number = self._store.add(f"mailbox/{rank}", 1)
+        self._store.set(f"mail/{rank}/{number}", json.dumps(message))
+
+    def _serve(self) -> None:
+        store, number = self._thread_store, 1
+        while True:
+            key = f"mail/{self.rank}/{number}"
+            try:
+                store.wait([key], _IDLE_WAIT)
+                message = json.loads(store.get(key))
+            except Exception:  # the store is gone (the run ended): nothing left to serve
+                return
+            number += 1
+            if message["type"] == "stop":
+                return
+            if message["type"] == "query":
+                store.set(f"answer/{message['id']}/{self.rank}", json.dumps(self.snapshot().__dict__))
+            elif message["type"] in ("error", "complete"):
+                if self._posted is None:
+                    self._posted = ErrorRecord(**json.loads(store.get("error")))
+                    if self.snapshot().blocked_in is not None:  # waiting for a rank that failed: stop waiting
+                        _collective.abort_process_groups()
+                self.on_error()
+
+
+def _nothing() -> None:
+    return None
+
+
+def _digest(value: object) -> str:
+    return hashlib.blake2b(repr(value).encode(), digest_size=8).hexdigest()
+
+
+def _blocking_call(stack: traceback.StackSummary) -> str | None:
+    for frame in reversed(stack):
+        path = frame.filename.replace("\\", "/")
+        if "/torch/distributed/" in path and not path.endswith("c10d_logger.py"):
+            return f"torch.distributed.{frame.name}"
+        if "/torch/autograd/" in path:
+            return "backward (autograd; under DDP it ends in the gradient all-reduce)"
+    return None
+
+
+def _user_frame(stack: traceback.StackSummary) -> str | None:
+    for frame in reversed(stack):
+        path = frame.filename.replace("\\", "/")
+        if _is_library(path):
+            continue
+        return f"{frame.filename}:{frame.lineno} in {frame.name}"
+    return None
+
+
+def _is_library(path: str) -> bool:
+    """Installed packages, lightning-ext and the standard library: not where a user's culprit line is."""
+    return path.startswith(("<", _STDLIB, *_PACKAGES))

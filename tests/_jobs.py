@@ -1,0 +1,114 @@
+"""Launching real jobs from tests: a clean environment, free ports, timeouts, and every output on failure.
+
+Each job runs in its own session, so a timeout kills it with every process it started (Lightning's popen launcher
+starts the other ranks as children of rank 0). A job that hangs is exactly what some tests must show, so
+:class:`Job` can also be left running and inspected.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+LAUNCH_TIMEOUT = 240.0
+_DISTRIBUTED_ENV = (
+    *("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT"),
+)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """The test's environment without any launcher's variables, plus ``extra``."""
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if key not in _DISTRIBUTED_ENV and not key.startswith(("SLURM_", "TORCHELASTIC_"))
+    }
+    return {**env, "PYTHONPATH": str(REPO), "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1", **extra}
+
+
+def launch(commands: dict[str, tuple[list[str], dict[str, str]]], cwd: Path, timeout: float = LAUNCH_TIMEOUT) -> None:
+    """Start every command at once; all must exit 0 within ``timeout``, or the failure shows every output.
+
+    A command that outlives the deadline gets SIGTERM (torchrun then stops its workers), then SIGKILL.
+    """
+    processes = {}
+    for name, (command, env) in commands.items():
+        log = (cwd / f"{name}.log").open("w")
+        processes[name] = subprocess.Popen(
+            command, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        log.close()
+    deadline = time.monotonic() + timeout
+    timed_out = []
+    for name, process in processes.items():
+        try:
+            process.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            timed_out.append(name)
+    for name in timed_out:
+        _stop(processes[name])
+    failed = {name: process.returncode for name, process in processes.items() if process.returncode != 0}
+    if failed or timed_out:
+        outputs = "\n".join(
+            f"--- {name} (exit {processes[name].returncode}) ---\n{(cwd / f'{name}.log').read_text()[-6000:]}"
+            for name in processes
+        )
+        pytest.fail(f"launch failed: exit codes {failed}, timed out {timed_out} after {timeout:.0f}s\n{outputs}")
+
+
+def _stop(
+    process: subprocess.Popen[bytes],
+    signals: tuple[tuple[signal.Signals, float], ...] = ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)),
+) -> None:
+    for sig, grace in signals:
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            process.wait(grace)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+class Job:
+    """One launched command, in its own session, with its output in ``log``."""
+
+    def __init__(self, command: list[str], env: dict[str, str], log: Path, cwd: Path = REPO) -> None:
+        self.log = log
+        with log.open("w") as handle:
+            self.process = subprocess.Popen(
+                command, cwd=cwd, env=env, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True
+            )
+
+    def wait(self, timeout: float) -> int | None:
+        """The exit code, or ``None`` if the job is still running after ``timeout`` seconds."""
+        try:
+            return self.process.wait(max(0.0, timeout))
+        except subprocess.TimeoutExpired:
+            return None
+
+    def running(self) -> bool:
+        return self.process.poll() is None
+
+    def kill(self) -> None:
+        """Kill the job and everything it started (SIGKILL: a hung Lightning rank ignores SIGTERM)."""
+        _stop(self.process, ((signal.SIGKILL, 10.0),))
+
+    def output(self, tail: int = 6000) -> str:
+        return self.log.read_text(errors="replace")[-tail:]

@@ -1,0 +1,116 @@
+"""Real ``Trainer.fit`` runs whose ranks part ways on purpose, run inside the rank pools (tests/_pool.py).
+
+A *script* says how many batches each rank's train and val loaders yield (``None``: a stream without length) and
+what each hook logs with ``sync_dist=True``; an entry may be skipped by some ranks. The parent builds the expected
+outcome from the script alone (tests/test_hang_checks.py) and compares it with what every rank reports.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.strategies import DDPStrategy
+from torch.utils.data import DataLoader, IterableDataset, TensorDataset
+
+from lightning_ext import PerRankMetrics, PolicyDDPStrategy
+
+HOOKS = ("training_step", "validation_step", "on_train_epoch_end", "on_validation_epoch_end")
+SPECIAL = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
+
+
+class Stream(IterableDataset):
+    """``length`` one-feature samples, without ``__len__``."""
+
+    def __init__(self, length: int) -> None:
+        self.length = length
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return ((torch.tensor([float(index)]),) for index in range(self.length))
+
+
+def value(entry: dict[str, Any], rank: int, epoch: int, batch: int) -> float:
+    """The value ``entry`` logs on ``rank`` at (epoch, batch); the parent computes the same numbers."""
+    special = entry.get("special")
+    if special is not None and rank == special[0]:
+        return SPECIAL[special[1]]
+    return float(rank + 1) * 0.5 + epoch + 0.25 * batch + entry["offset"]
+
+
+class ScriptModule(L.LightningModule):
+    def __init__(self, script: dict[str, Any]) -> None:
+        super().__init__()
+        self.script = script
+        self.layer = torch.nn.Linear(1, 1)
+
+    def _log(self, hook: str, batch: int = 0) -> None:
+        rank = self.global_rank
+        for entry in self.script["logs"]:
+            if entry["hook"] != hook or rank in entry["skipped_by"]:
+                continue
+            phase_step = entry["phase"] == "step" and hook.endswith("_step")
+            number = value(entry, rank, self.current_epoch, batch)
+            self.log(entry["name"], number, sync_dist=True, on_step=phase_step, on_epoch=not phase_step)
+
+    def _loader(self, stage: str) -> DataLoader:
+        length = self.script[f"{stage}_batches"][self.global_rank]
+        if isinstance(length, list):  # a stream: [number of batches]
+            return DataLoader(Stream(length[0]), batch_size=1)
+        return DataLoader(TensorDataset(torch.arange(float(length)).unsqueeze(1)), batch_size=1)
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader("train")
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader("val")
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        self._log("training_step", batch_idx)
+        return self.layer(batch[0]).pow(2).mean()
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        self._log("validation_step", batch_idx)
+
+    def on_train_epoch_end(self) -> None:
+        self._log("on_train_epoch_end")
+
+    def on_validation_epoch_end(self) -> None:
+        self._log("on_validation_epoch_end")
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.0)  # the values logged must not depend on training
+
+
+def fit(log_dir: str, script: dict[str, Any], options: dict[str, Any], world_size: int) -> dict[str, Any]:
+    """One fit on this pool's ranks; returns this rank's outcome (its error, its counters, its callback metrics)."""
+    if options.get("stock"):
+        strategy: Any = DDPStrategy(start_method="popen") if world_size > 1 else "auto"
+    else:
+        strategy = PolicyDDPStrategy(per_rank_metrics=PerRankMetrics(flush_every_n_rows=1000), **options)
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=world_size,
+        strategy=strategy,
+        max_epochs=script.get("epochs", 2),
+        logger=CSVLogger(log_dir, name="", version="run"),
+        log_every_n_steps=1,
+        num_sanity_val_steps=0,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        use_distributed_sampler=False,
+    )
+    outcome: dict[str, Any] = {"error": None, "message": None}
+    try:
+        trainer.fit(ScriptModule(script))
+    except Exception as error:
+        outcome = {"error": type(error).__name__, "message": str(error)}
+    outcome.update(
+        global_step=trainer.global_step,
+        epochs=trainer.current_epoch,
+        callback_metrics={key: float(value) for key, value in trainer.callback_metrics.items()},
+    )
+    return outcome

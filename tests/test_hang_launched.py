@@ -1,0 +1,217 @@
+"""The pitfalls that freeze Lightning DDP jobs, as real launched jobs: ours end with the named error on every rank.
+
+Each scenario of ``tests/scripts/hang_scenarios.py`` runs under Lightning's default launcher (popen), some also with
+``start_method="spawn"`` and under torchrun (2 nodes x 1 process, on loopback). With ``PolicyDDPStrategy`` every rank
+must end with the same error, naming the culprit and the fix, within 30 s of the first rank reaching the point of
+divergence, with its per-rank rows flushed. The same scripts with stock ``DDPStrategy`` are shown hanging (cut by a
+timeout) or ending without naming anything.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests._jobs import REPO, Job, clean_env, free_port
+
+SCRIPT = REPO / "tests" / "scripts" / "hang_scenarios.py"
+LIMIT = 30.0  # seconds from the first rank reaching the divergence to the last rank's error
+RUN_TIMEOUT = 150.0  # a job of ours that runs longer than this has hung
+STOCK_CUTOFF = 25.0  # seconds a stock job must still be hanging after reaching the divergence
+
+# scenario: (strategy options in the script, error on every rank, what every message must name, rows kept per rank)
+EXPECTED: dict[str, tuple[str, str, tuple[str, ...], int]] = {
+    "uneven_train": ("ours", "UnevenBatchesError", ("train dataloader", "rank 0: 4", "rank 1: 6", "truncate"), 0),
+    "uneven_val": ("ours", "UnevenBatchesError", ("val dataloader 0", "rank 0: 2", "rank 1: 4"), 0),
+    "uneven_iterable_train": ("ours", "UnevenBatchesError", ("the start of validation", "rank 1 is blocked in"), 1),
+    "log_on_rank_zero_epoch_end": (
+        "ours",
+        "DivergentLoggingError",
+        ("'val_acc'", "on_validation_epoch_end", "hang_scenarios.py:", "rank(s) [0]", "rank(s) [1]", "rank_zero_only"),
+        4,
+    ),
+    "log_on_rank_zero_step": (
+        "ours",
+        "DivergentLoggingError",
+        ("'rank_zero_only_loss'", "training_step", "hang_scenarios.py:", "rank 1 is blocked in backward"),
+        1,
+    ),
+    "log_dict_keys_differ": ("ours", "DivergentLoggingError", ("'part_0'", "'part_1'", "training_step"), 0),
+    "metric_on_some_ranks": ("ours", "DivergentLoggingError", ("'val_mean'", "rank(s) [0]", "rank(s) [1]"), 4),
+    "log_dir_on_rank_zero": ("ours", "DivergentCollectiveError", ("Trainer.log_dir", "hang_scenarios.py:"), 1),
+    "save_checkpoint_on_rank_zero": ("ours", "DivergentCollectiveError", ("Trainer.save_checkpoint",), 4),
+    "barrier_on_rank_zero": ("ours", "DivergentCollectiveError", ("strategy.barrier", "hang_scenarios.py:"), 1),
+    "broadcast_on_rank_zero": ("ours", "DivergentCollectiveError", ("strategy.broadcast", "hang_scenarios.py:"), 1),
+    "all_gather_on_rank_zero": ("debug", "DivergentCollectiveError", ("strategy.all_gather", "hang_scenarios.py"), 1),
+}
+FAILING_RANK = "rank_raises"  # rank 1 raises ValueError; rank 0 must end with its error and traceback
+
+
+def run_scenario(scenario: str, kind: str, root: Path, launcher: str = "popen") -> tuple[dict[Any, Any], Path]:
+    """Launch the scenario (one job, or two torchrun agents) and return every rank's outcome and the log dir."""
+    log_dir = root / f"{scenario}-{kind}-{launcher}"
+    log_dir.mkdir(parents=True)
+    args = [str(SCRIPT), scenario, kind, str(log_dir)]
+    if launcher == "torchrun":
+        port = str(free_port())
+        jobs = [
+            Job(
+                [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+                 "--node-rank", str(node), "--master-addr", "127.0.0.1", "--master-port", port, *args],
+                clean_env(LAUNCHER="torchrun", NUM_NODES="2"),
+                log_dir / f"node{node}.log",
+            )
+            for node in range(2)
+        ]  # fmt: skip
+    else:
+        jobs = [Job([sys.executable, *args], clean_env(LAUNCHER=launcher), log_dir / "job.log")]
+    deadline = time.monotonic() + RUN_TIMEOUT
+    codes = [job.wait(deadline - time.monotonic()) for job in jobs]
+    for job in jobs:
+        job.kill()
+    outputs = "\n".join(job.output() for job in jobs)
+    assert None not in codes, f"{scenario} ({kind}, {launcher}) hung for {RUN_TIMEOUT:.0f}s:\n{outputs}"
+    outcomes = {path.stem.split("_", 1)[1]: json.loads(path.read_text()) for path in log_dir.glob("outcome_*.json")}
+    expected = {"parent"} if launcher == "spawn" else {"0", "1"}
+    assert set(outcomes) == expected, f"outcomes {sorted(outcomes)}:\n{outputs}"
+    return outcomes, log_dir
+
+
+def diverged_at(log_dir: Path) -> float:
+    marks = [float(path.read_text()) for path in log_dir.glob("diverged_*")]
+    assert marks, f"no rank reached the divergence in {log_dir}"
+    return min(marks)
+
+
+def rows_kept(log_dir: Path, rank: str) -> int:
+    path = log_dir / "run" / f"rank_{rank}" / "metrics.csv"
+    return max(0, len(path.read_text().splitlines()) - 1) if path.exists() else 0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(2 * RUN_TIMEOUT)
+@pytest.mark.parametrize("scenario", sorted(EXPECTED))
+def test_every_rank_raises_the_named_error_within_the_limit(scenario: str, tmp_path: Path) -> None:
+    kind, error, fragments, rows = EXPECTED[scenario]
+    outcomes, log_dir = run_scenario(scenario, kind, tmp_path)
+    messages = {outcome["message"] for outcome in outcomes.values()}
+    assert {outcome["error"] for outcome in outcomes.values()} == {error}, outcomes
+    assert len(messages) == 1, f"the ranks raised different messages: {outcomes}"
+    message = messages.pop()
+    for fragment in fragments:
+        assert fragment in message, f"{fragment!r} not named in:\n{message}"
+    latency = max(outcome["at"] for outcome in outcomes.values()) - diverged_at(log_dir)
+    assert latency <= LIMIT, f"the last rank raised {latency:.1f}s after the divergence"
+    for rank in ("0", "1"):  # buffered per-rank rows (flush_every_n_rows=1000) were written before the error
+        assert rows_kept(log_dir, rank) >= rows, f"rank {rank} kept {rows_kept(log_dir, rank)} row(s)"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(2 * RUN_TIMEOUT)
+def test_a_failing_rank_ends_every_rank_with_its_traceback(tmp_path: Path) -> None:
+    outcomes, log_dir = run_scenario(FAILING_RANK, "ours", tmp_path)
+    assert (outcomes["1"]["error"], outcomes["1"]["message"]) == ("ValueError", "boom on rank 1")
+    assert outcomes["0"]["error"] == "RankFailedError"
+    for fragment in ("Rank 1 failed with ValueError: boom on rank 1", "--- rank 1 traceback ---", "in training_step"):
+        assert fragment in outcomes["0"]["message"]
+    assert max(outcome["at"] for outcome in outcomes.values()) - diverged_at(log_dir) <= LIMIT
+    assert rows_kept(log_dir, "0") >= 2 and rows_kept(log_dir, "1") >= 2
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(2 * RUN_TIMEOUT)
+@pytest.mark.parametrize("scenario", ["uneven_train", "log_on_rank_zero_step", FAILING_RANK])
+def test_spawn_shows_the_named_error(scenario: str, tmp_path: Path) -> None:
+    outcomes, _ = run_scenario(scenario, "ours", tmp_path, launcher="spawn")
+    message = outcomes["parent"]["message"]
+    if scenario == FAILING_RANK:
+        assert "ValueError: boom on rank 1" in message
+    else:
+        _, error, fragments, _ = EXPECTED[scenario]
+        assert error in message and all(fragment in message for fragment in fragments), message
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(2 * RUN_TIMEOUT)
+@pytest.mark.parametrize("scenario", ["uneven_train", "log_dir_on_rank_zero", FAILING_RANK])
+def test_torchrun_two_nodes_end_with_the_named_error(scenario: str, tmp_path: Path) -> None:
+    outcomes, log_dir = run_scenario(scenario, "ours", tmp_path, launcher="torchrun")
+    if scenario == FAILING_RANK:
+        assert outcomes["1"]["error"] == "ValueError" and outcomes["0"]["error"] == "RankFailedError"
+    else:
+        _, error, fragments, _ = EXPECTED[scenario]
+        assert {outcome["error"] for outcome in outcomes.values()} == {error}
+        assert all(fragment in outcomes["0"]["message"] for fragment in fragments)
+    assert max(outcome["at"] for outcome in outcomes.values()) - diverged_at(log_dir) <= LIMIT
+
+
+# stock DDPStrategy on the same scripts: these hang until the process-group timeout (30 minutes by default)
+STOCK_HANGS = (
+    "uneven_train",
+    "uneven_iterable_train",
+    "log_on_rank_zero_epoch_end",
+    "log_on_rank_zero_step",
+    "metric_on_some_ranks",
+    "log_dir_on_rank_zero",
+    "save_checkpoint_on_rank_zero",
+    "barrier_on_rank_zero",
+    "broadcast_on_rank_zero",
+    "all_gather_on_rank_zero",
+)
+
+
+@pytest.fixture(scope="module")
+def stock_jobs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, tuple[Job, Path]]]:
+    """Every scenario with stock ``DDPStrategy``, started when this module starts: a hung job only waits, so they
+    hang in the background while the other tests run, and the last test looks at them."""
+    root = tmp_path_factory.mktemp("stock")
+    jobs = {}
+    for scenario in [*sorted(EXPECTED), FAILING_RANK]:
+        log_dir = root / scenario
+        log_dir.mkdir()
+        command = [sys.executable, str(SCRIPT), scenario, "stock", str(log_dir)]
+        jobs[scenario] = (Job(command, clean_env(), log_dir / "job.log"), log_dir)
+    yield jobs
+    for job, _ in jobs.values():
+        job.kill()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _start_stock_first(stock_jobs: dict[str, tuple[Job, Path]]) -> None:
+    """Start the stock jobs before the first test of this module."""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_stock_ddp_hangs_or_ends_without_naming_the_culprit(stock_jobs: dict[str, tuple[Job, Path]]) -> None:
+    """Stock ``DDPStrategy`` on every scenario: these hang past the cut-off; none names its culprit."""
+    deadline = time.monotonic() + 300
+    settled: dict[str, str] = {}
+    while len(settled) < len(stock_jobs) and time.monotonic() < deadline:
+        for scenario, (job, log_dir) in stock_jobs.items():
+            if scenario in settled:
+                continue
+            if not job.running():
+                settled[scenario] = "ended"
+            elif list(log_dir.glob("diverged_*")) and time.time() - diverged_at(log_dir) > STOCK_CUTOFF:
+                settled[scenario] = "hung"
+        time.sleep(1)
+    report = {scenario: settled.get(scenario, "did not reach the divergence") for scenario in stock_jobs}
+    for scenario in STOCK_HANGS:
+        assert report[scenario] == "hung", report
+    for scenario, (_, log_dir) in stock_jobs.items():
+        outcomes = [json.loads(path.read_text()) for path in log_dir.glob("outcome_*.json")]
+        assert not [o for o in outcomes if o["error"] in _OUR_ERRORS], f"stock {scenario}: {outcomes}"
+        if scenario in EXPECTED and report[scenario] == "ended":  # it ended: with no error naming the culprit
+            fragments = EXPECTED[scenario][2]
+            for outcome in outcomes:
+                assert not outcome["message"] or not all(f in outcome["message"] for f in fragments), outcome
+
+
+_OUR_ERRORS = {"UnevenBatchesError", "DivergentLoggingError", "DivergentCollectiveError", "RankFailedError"}
