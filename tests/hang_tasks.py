@@ -114,3 +114,35 @@ def fit(log_dir: str, script: dict[str, Any], options: dict[str, Any], world_siz
         callback_metrics={key: float(value) for key, value in trainer.callback_metrics.items()},
     )
     return outcome
+
+
+_LOCKSTEPS: dict[str, Any] = {}
+
+
+def lockstep_verdicts(namespace: str, identities: list[Any]) -> list[Any]:
+    """Pass one check per identity on this rank's side of a real Lockstep (one per ``namespace``, kept for the next
+    call); return each verdict, or, where the ranks disagreed, the identities gathered from every rank."""
+    import torch.distributed as dist
+
+    from lightning_ext._collective import side_group
+    from lightning_ext._lockstep import Lockstep, Point
+    from lightning_ext._watchdog import Watchdog
+
+    lockstep = _LOCKSTEPS.get(namespace)
+    if lockstep is None:
+        watchdog = Watchdog(namespace, dist.get_rank(), dist.get_world_size())
+        lockstep = _LOCKSTEPS[namespace] = Lockstep(side_group(), watchdog, lambda: None)
+    results: list[Any] = []
+    for identity in identities:
+        point = Point("collective", tuple(identity), f"identity {identity}")
+        results.append(True if lockstep.agree(point) else [p.identity for p in lockstep.gather(point)])
+    return results
+
+
+def lockstep_close(namespace: str) -> None:
+    """Stop the watchdog and destroy the group of ``namespace``'s Lockstep."""
+    import torch.distributed as dist
+
+    lockstep = _LOCKSTEPS.pop(namespace)
+    lockstep.watchdog.stop()
+    dist.destroy_process_group(lockstep.group)

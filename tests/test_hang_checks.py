@@ -9,6 +9,7 @@ a script without divergence produces the same files, steps and metrics as the sa
 from __future__ import annotations
 
 import math
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -161,3 +162,29 @@ def test_stream_that_runs_out_on_one_rank_is_an_error_naming_it(rank_pools: Any,
     outcomes = run(rank_pools, 2, tmp_path, script, check_unsized_loaders=True)
     assert {o["error"] for o in outcomes} == {"UnevenBatchesError"}
     assert "ran out on rank(s) [0] while rank(s) [1] have more batches" in outcomes[0]["message"]
+
+
+# ---- the check itself: one verdict, the same on every rank ---------------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_property_a_check_agrees_exactly_when_every_rank_brings_the_same(rank_pools: Any, world: int) -> None:
+    identity = st.lists(st.sampled_from(["a", "b", 0, 1, -1, 2**61]), min_size=1, max_size=3)
+
+    namespace = f"lockstep-test/{uuid.uuid4().hex}/"
+    pool = rank_pools(world)
+
+    @settings(max_examples={2: 15, 3: 10, 4: 6}[world])
+    @given(calls=st.lists(st.lists(identity, min_size=world, max_size=world), min_size=1, max_size=4))
+    def check(calls: list[list[list[Any]]]) -> None:
+        per_rank = [(namespace, [call[rank] for call in calls]) for rank in range(world)]
+        answers = pool.run("tests.hang_tasks:lockstep_verdicts", *per_rank)
+        for position, call in enumerate(calls):
+            same = all(tuple(theirs) == tuple(call[0]) for theirs in call)
+            verdicts = [answer[position] for answer in answers]
+            expected = True if same else [tuple(theirs) for theirs in call]
+            assert verdicts == [expected] * world, (call, verdicts)
+
+    try:
+        check()
+    finally:
+        pool.run("tests.hang_tasks:lockstep_close", (namespace,))
