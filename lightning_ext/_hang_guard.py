@@ -4,7 +4,8 @@ It owns this rank's :class:`~lightning_ext._lockstep.Lockstep` (the checks, on t
 :class:`~lightning_ext._watchdog.Watchdog`, and switches on the logging checks (:mod:`lightning_ext._log_checks`) and
 the batch-count checks (:mod:`lightning_ext._loader_checks`). The strategy's ``reduce``, ``barrier``, ``broadcast``
 and ``all_gather`` ask it to check first; when a fit/validate/test fails on a rank, :meth:`HangGuard.on_failure`
-tells the other ranks and releases those blocked in collectives, so every rank ends with the same error.
+posts the error for the other ranks (their watchdogs abort what the backend can abort), so every rank ends with the
+same error.
 """
 
 import contextlib
@@ -132,6 +133,6 @@ def _called_as(frame: Any) -> str:
             via = f"via {api} " if api else ""
             return f"{via}called from {frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}"
         if "/lightning/" in path:
-            api = frame.f_code.co_qualname
+            api = getattr(frame.f_code, "co_qualname", frame.f_code.co_name)  # co_qualname: Python 3.11+
         frame = frame.f_back
     return f"via {api}" if api else ""
