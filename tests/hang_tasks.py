@@ -146,3 +146,23 @@ def lockstep_close(namespace: str) -> None:
     lockstep = _LOCKSTEPS.pop(namespace)
     lockstep.watchdog.stop()
     dist.destroy_process_group(lockstep.group)
+
+
+def fit_with_loggers(log_dir: str, loggers: int, checkpoint_policy: Any, world_size: int) -> dict[str, Any]:
+    """A fit whose ranks may configure different loggers or policies: every rank reports its error."""
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=world_size,
+        strategy=PolicyDDPStrategy(checkpoint_policy=checkpoint_policy),
+        max_epochs=1,
+        logger=[CSVLogger(log_dir, name=f"logger{index}") for index in range(loggers)] or False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    script = {"train_batches": [2] * world_size, "val_batches": [1] * world_size, "logs": []}
+    try:
+        trainer.fit(ScriptModule(script))
+    except Exception as error:
+        return {"error": type(error).__name__, "message": str(error)}
+    return {"error": None, "message": None}

@@ -188,3 +188,35 @@ def test_property_a_check_agrees_exactly_when_every_rank_brings_the_same(rank_po
         check()
     finally:
         pool.run("tests.hang_tasks:lockstep_close", (namespace,))
+
+
+# ---- set-up: every misconfiguration raises on every rank, after the set-up gather ----------------------------------
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("per_rank", "fragments"),
+    [
+        (  # rank 1's Quorum(3) cannot be met at world size 2: it must not raise before rank 0 leaves the gather
+            [(1, "quorum:2"), (1, "quorum:3")],
+            ("ValueError", "Invalid decision policy: rank 1: checkpoint_policy=Quorum(k=3)", "only 2 rank(s) vote"),
+        ),
+        (
+            [(2, "all"), (1, "all")],
+            ("PolicyMismatchError", "different numbers of CSV/TensorBoard loggers (rank 0: 2, rank 1: 1)"),
+        ),
+    ],
+    ids=["quorum-2-and-3", "logger-counts"],
+)
+def test_a_misconfigured_rank_fails_set_up_on_every_rank(
+    rank_pools: Any, tmp_path: Path, per_rank: list[tuple[int, str]], fragments: tuple[str, ...]
+) -> None:
+    from lightning_ext import Quorum
+
+    def policy(name: str) -> Any:
+        return Quorum(int(name.split(":")[1])) if name.startswith("quorum:") else name
+
+    arguments = [(str(tmp_path), loggers, policy(name), 2) for loggers, name in per_rank]
+    outcomes = rank_pools(2).run("tests.hang_tasks:fit_with_loggers", *arguments)
+    assert len({(o["error"], o["message"]) for o in outcomes}) == 1, outcomes
+    text = f"{outcomes[0]['error']}: {outcomes[0]['message']}"
+    for fragment in fragments:
+        assert fragment in text, text
