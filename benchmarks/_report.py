@@ -18,6 +18,7 @@ from benchmarks._decisions import decision_subjects
 from benchmarks._plan import SessionSpec
 from benchmarks._row_cost import RowCost, cost_lines
 from benchmarks._session import SessionResult
+from benchmarks._training import BASELINES
 
 __all__ = ["LATENCY_TARGET", "STEP_TARGET", "Row", "Target", "build_rows", "check_targets", "markdown", "write_json"]
 
@@ -108,7 +109,8 @@ def _training_rows(
     rows = []
     for config, runs in runs_us.items():
         pooled = [us for run in runs for us in run]
-        pairs = zip(fit_medians[config], fit_medians["stock"], strict=True)  # repeat by repeat, back to back
+        baseline = BASELINES.get(config, "stock")
+        pairs = zip(fit_medians[config], fit_medians[baseline], strict=True)  # repeat by repeat, back to back
         rows.append(
             Row(
                 spec.backend,
@@ -176,7 +178,7 @@ def _verdict(row: Row, targets: list[Target]) -> str:
     where = f"{row.backend}/{row.device} W={row.world_size} {row.subject}"
     mine = [t for t in targets if t.where == where]
     if not mine:
-        if row.subject.endswith("/stock"):
+        if row.subject.endswith(("/stock", "/stock_stream")):
             return "baseline"
         return "diagnostic (CPU time)" if row.subject.startswith("training_step_cpu/") else ""
     return "; ".join(f"{_short(t)} {'met' if t.met else '**missed**'}" for t in mine)

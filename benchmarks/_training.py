@@ -8,7 +8,10 @@ the ranks carry ``LOCAL_RANK``/``WORLD_SIZE``/...), with the same small model, d
 * ``per_rank_metrics``: ``PolicyDDPStrategy(per_rank_metrics=True, hang_checks=False)``: the per-rank cost alone;
 * ``hang_checks``: ``PolicyDDPStrategy()``, the default hang checks (each synced ``self.log`` checked in place of
   Lightning's barrier, the batch counts and epoch-end syncs checked once per epoch);
-* ``hang_checks_debug``: ``PolicyDDPStrategy(hang_checks="debug")`` (measured, no target).
+* ``hang_checks_debug``: ``PolicyDDPStrategy(hang_checks="debug")`` (measured, no target);
+* ``stock_stream`` and ``unsized_checks``: the same data as a stream without ``len`` (an ``IterableDataset`` that
+  yields each rank's shard), under stock ``DDPStrategy`` and under ``PolicyDDPStrategy(check_unsized_loaders=True)``
+  (one check per batch); the second is compared with the first (measured, no target).
 
 A step is timed from one ``on_train_batch_start`` to the next, so each window holds the whole step: the forward and
 backward passes with DDP's gradient all-reduce, the optimizer step, the batch-end hooks and then the logger connector's
@@ -36,7 +39,7 @@ rotated every repeat), and the report compares each with the stock fit of its re
 
 import os
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from time import perf_counter_ns, thread_time_ns
@@ -48,7 +51,7 @@ from lightning.fabric.utilities.apply_func import convert_tensors_to_scalars
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.strategies import DDPStrategy
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
 from benchmarks._standins import stock_lightning
 from lightning_ext import PolicyDDPStrategy
@@ -56,14 +59,17 @@ from lightning_ext._diagnostics import count_collectives
 from lightning_ext._local_values import record_update
 from lightning_ext._rank_logger import loggers_for
 
-__all__ = ["CONFIGS", "ROW_LOOPS_PER_STEP", "SKIP_STEPS", "TrainingResult", "run_training"]
+__all__ = ["BASELINES", "CONFIGS", "ROW_LOOPS_PER_STEP", "SKIP_STEPS", "TrainingResult", "run_training"]
 
-CONFIGS = ("stock", "per_rank_metrics", "hang_checks", "hang_checks_debug")
+CONFIGS = ("stock", "per_rank_metrics", "hang_checks", "hang_checks_debug", "stock_stream", "unsized_checks")
+BASELINES = {"unsized_checks": "stock_stream"}  # what a configuration is compared with, if not "stock"
 _OPTIONS: dict[str, dict[str, Any]] = {
     "per_rank_metrics": {"per_rank_metrics": True, "hang_checks": False},
     "hang_checks": {},
     "hang_checks_debug": {"hang_checks": "debug"},
+    "unsized_checks": {"check_unsized_loaders": True},
 }
+_STREAMS = ("stock_stream", "unsized_checks")
 SKIP_STEPS = 5
 ROW_LOOPS_PER_STEP = 10
 _BATCH = 32
@@ -171,17 +177,32 @@ class _StepClock(Callback):
         return [b - a for a, b in zip(self.cpu_starts_ns, self.cpu_starts_ns[1:], strict=False)][SKIP_STEPS:]
 
 
-def _loader(world_size: int, batches: int, seed: int) -> "DataLoader[Any]":
+def _loader(world_size: int, batches: int, seed: int, stream: bool = False) -> "DataLoader[Any]":
     generator = torch.Generator().manual_seed(seed)
     size = world_size * batches * _BATCH
     data = TensorDataset(torch.randn(size, _FEATURES, generator=generator), torch.randn(size, 1, generator=generator))
+    if stream:
+        return DataLoader(_Shard(data, world_size), batch_size=_BATCH)
     return DataLoader(data, batch_size=_BATCH)  # Lightning adds a DistributedSampler: `batches` per rank
+
+
+class _Shard(IterableDataset):  # type: ignore[type-arg]
+    """The data as a stream without ``len``: each rank yields its own contiguous shard."""
+
+    def __init__(self, data: TensorDataset, world_size: int) -> None:
+        self.data, self.world_size = data, world_size
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, ...]]:
+        rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+        share = len(self.data) // self.world_size
+        return (self.data[index] for index in range(rank * share, (rank + 1) * share))
 
 
 def _fit(
     config: str, root: str, *, world_size: int, batches: int, seed: int, clock: _StepClock, row_loops: int = 0
 ) -> _SmallModel:
-    strategy = DDPStrategy() if config == "stock" else PolicyDDPStrategy(**_OPTIONS[config])
+    stock = config.startswith("stock")
+    strategy = DDPStrategy() if stock else PolicyDDPStrategy(**_OPTIONS[config])
     os.environ["WORLD_SIZE"] = str(world_size)  # LightningEnvironment.teardown removes it after every fit
     L.seed_everything(seed, verbose=False)
     trainer = L.Trainer(
@@ -202,9 +223,9 @@ def _fit(
     )
     # the row loop runs at the last batch, after the last timed window
     model = _SmallModel(row_loops if config == "per_rank_metrics" else 0, loop_at=batches - 1)
-    context: AbstractContextManager[object] = stock_lightning() if config == "stock" else nullcontext()
+    context: AbstractContextManager[object] = stock_lightning() if stock else nullcontext()
     with context:
-        trainer.fit(model, _loader(world_size, batches, seed))
+        trainer.fit(model, _loader(world_size, batches, seed, stream=config in _STREAMS))
     return model
 
 

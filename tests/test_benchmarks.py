@@ -25,7 +25,7 @@ from lightning_ext import available_policies
 REPO = Path(__file__).resolve().parent.parent
 POLICIES = ("all", "any", "majority", "rank_zero", "mean", "min", "max")
 DECISION_SUBJECTS = {f"{path}/{name}" for path in ("checkpoint", "early_stopping") for name in ("stock", *POLICIES)}
-TRAINING_CONFIGS = ("stock", "per_rank_metrics", "hang_checks", "hang_checks_debug")
+TRAINING_CONFIGS = ("stock", "per_rank_metrics", "hang_checks", "hang_checks_debug", "stock_stream", "unsized_checks")
 TRAINING_SUBJECTS = {  # training_step_cpu/*: a diagnostic, CPU time of the main thread
     f"{prefix}/{config}" for prefix in ("training_step", "training_step_cpu") for config in TRAINING_CONFIGS
 }
