@@ -80,7 +80,7 @@ def seams_available() -> bool:
 
 
 def install() -> None:
-    """Connect the native seams and install the runtime ones, once; warn once if this Lightning is not verified.
+    """Connect the native seams and install the missing ones at run time (idempotent); warn once if not verified.
 
     Nothing is wrapped on a patched Lightning, nor when runtime patching is switched off.
 
