@@ -1,5 +1,5 @@
 # The two entry points the README opens with. Both set up .venv first (idempotent).
-.PHONY: demo test test-lightning-2.5 setup lint typecheck
+.PHONY: demo test test-lightning-2.5 setup setup-lightning-2.5 lint typecheck
 
 # The verified Lightning releases (lightning_ext/_compat.py VERIFIED): .venv holds the newest, the README's default.
 LIGHTNING := 2.6.6
@@ -21,8 +21,10 @@ demo: setup
 test: setup
 	.venv/bin/python -m pytest
 
-test-lightning-2.5:
+setup-lightning-2.5:
 	scripts/bootstrap.sh $(VENV_25) $(LIGHTNING_25)
+
+test-lightning-2.5: setup-lightning-2.5
 	$(VENV_25)/bin/python -m pytest $(CORE)
 
 lint: setup
