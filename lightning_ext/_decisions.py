@@ -30,11 +30,11 @@ from typing import Any, NoReturn
 
 import torch
 from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
-from lightning.pytorch.callbacks.early_stopping import EarlyStoppingReason
 from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 
 from lightning_ext._collective import RankGroup, all_gather_objects, all_reduce_row
+from lightning_ext._compat import record_nonfinite_stop, record_stop_message
 from lightning_ext._exchange import Agreement, Layout, Observation, pack, unpack
 from lightning_ext._local_top_k import LocalTopK
 from lightning_ext._lockstep import mark_joint
@@ -164,7 +164,7 @@ def run_early_stopping_check(callback: EarlyStopping, trainer: Any) -> bool:
     trainer.should_stop = trainer.should_stop or decision.stop
     if decision.stop:
         callback.stopped_epoch = trainer.current_epoch
-        callback.stopping_reason_message = decision.reason
+        record_stop_message(callback, decision.reason)
     if decision.reason and callback.verbose:
         callback._log_info(trainer, decision.reason, callback.log_rank_zero_only)
     return True
@@ -280,7 +280,7 @@ def decide_early_stop(
     should_stop, reason = callback._evaluate_stopping_criteria(agreed)
     stop = _as_vote(should_stop, f"{type(callback).__name__}._evaluate_stopping_criteria")
     if nonfinite_stop and not stop:
-        callback.stopping_reason = EarlyStoppingReason.NON_FINITE_METRIC
+        record_nonfinite_stop(callback)
         stop, reason = True, nonfinite_reason
     return StopDecision(stop=stop, reason=reason)
 

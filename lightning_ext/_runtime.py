@@ -13,16 +13,23 @@ optional hook, and use it if the strategy has one:
   call (the per-rank logger is added);
 * ``_ResultMetric.forward`` hands each logged value to :mod:`lightning_ext._local_values`, which keeps what a later
   sync would overwrite while a strategy has capture switched on (natively through ``result._local_value_recorder``,
-  which :func:`~lightning_ext._local_values.start_capture` sets).
+  which :func:`~lightning_ext._local_values.start_capture` sets);
+* the hang checks' seams (:mod:`lightning_ext._hang_hooks`): a logged value's syncs, an epoch's syncs, each batch, the
+  batch counts, each fetch; and ``Trainer._run`` → ``strategy.on_run_failure(error)``.
 
-``patches/`` writes these guards into Lightning's sources. On an unpatched Lightning, :func:`install` wraps the same
-methods at run time. Stock strategies have no hooks and capture is off, so they behave exactly as before.
+``patches/`` writes these guards into Lightning's sources; each patched class carries ``_LIGHTNING_EXT_SEAM``, the
+level of the series it was patched with (1: decisions and per-rank output, 2: also the hang checks). On a patched
+Lightning, :func:`install` connects the native hang seams to :mod:`lightning_ext._hang_hooks` and wraps nothing; on
+an unpatched one it wraps the same methods at run time, after checking that each still has the signature the wrapper
+was written for (:func:`check_signatures`). Stock strategies have no hooks and no checks run, so they behave exactly
+as before.
 
 Set ``LIGHTNING_EXT_RUNTIME_PATCHING=0`` to forbid the wrappers (used to prove that a patched Lightning works alone).
 """
 
 import functools
 import os
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, Literal
@@ -36,25 +43,30 @@ from lightning.pytorch.strategies import ParallelStrategy
 from lightning.pytorch.trainer.connectors.logger_connector.logger_connector import _LoggerConnector
 from lightning.pytorch.trainer.connectors.logger_connector.result import _ResultCollection, _ResultMetric
 
-from lightning_ext import _loader_checks, _local_values, _log_checks
+from lightning_ext import _compat, _hang_hooks, _local_values
+from lightning_ext._signatures import CALLED, check_signatures
 
 __all__ = ["install", "patch_mode", "runtime_patching_enabled", "seams_available"]
 
 _MARKER = "__lightning_ext_seam__"
 _NATIVE_MARKER = "_LIGHTNING_EXT_SEAM"  # a class attribute that the patch series adds to each patched class
+_HOOKS = "_lightning_ext_hooks"  # the module attribute through which a patched Lightning calls _hang_hooks
 _ENV_SWITCH = "LIGHTNING_EXT_RUNTIME_PATCHING"
+_DECISIONS, _HANG = 1, 2  # the series level that makes a seam native (0001-0003, then the hang-check patch)
+
+Seam = tuple[type, str, Callable[[Any], Any]]
 
 
 def patch_mode() -> Literal["native", "runtime"]:
-    """``"native"`` if the installed Lightning carries lightning-ext's seams (``patches/`` applied), else ``"runtime"``.
+    """``"native"`` if the installed Lightning carries every seam (the whole series applied), else ``"runtime"``.
 
     Example:
         >>> patch_mode() in ("native", "runtime")
         True
 
     """
-    owners = [ParallelStrategy, *(owner for owner, _, _ in _seams())]
-    return "native" if all(hasattr(owner, _NATIVE_MARKER) for owner in owners) else "runtime"
+    native = _level(ParallelStrategy) >= _DECISIONS and all(_is_native(seam) for seam in _all_seams())
+    return "native" if native else "runtime"
 
 
 def runtime_patching_enabled() -> bool:
@@ -64,30 +76,76 @@ def runtime_patching_enabled() -> bool:
 
 def seams_available() -> bool:
     """Whether Lightning's call sites reach lightning-ext, natively or through installed wrappers."""
-    if patch_mode() == "native":
-        return True
-    return all(getattr(getattr(owner, name), _MARKER, False) for owner, name, _ in _seams())
+    return all(_is_native(seam) or _is_wrapped(seam) for seam in _all_seams())
 
 
 def install() -> None:
-    """Install the runtime seams, once; nothing on a patched Lightning or when runtime patching is switched off."""
+    """Connect the native seams and install the missing ones at run time (idempotent); warn once if not verified.
+
+    Nothing is wrapped on a patched Lightning, nor when runtime patching is switched off.
+
+    Raises:
+        RuntimeError: a Lightning method lightning-ext wraps or calls has another signature than it was written for
+            (before anything is wrapped).
+
+    """
+    _compat.warn_if_unverified()
+    for owner, _, _ in _hang_seams():
+        module = sys.modules.get(owner.__module__)
+        if _level(owner) >= _HANG and module is not None and hasattr(module, _HOOKS):
+            setattr(module, _HOOKS, _hang_hooks)
+    pending = [seam for seam in _all_seams() if not _is_native(seam) and not _is_wrapped(seam)]
+    if runtime_patching_enabled():
+        check_signatures([(owner, name) for owner, name, _ in pending])
+    check_signatures(CALLED)
     if not runtime_patching_enabled():
         return
-    seams = _hang_seams() if patch_mode() == "native" else (*_seams(), *_hang_seams())
-    for owner, name, make in seams:
+    for owner, name, make in pending:
         current = owner.__dict__.get(name, getattr(owner, name))
-        if isinstance(current, property):
-            if current.fget is not None and not getattr(current.fget, _MARKER, False):
-                getter = make(current.fget)
-                setattr(getter, _MARKER, True)
-                setattr(owner, name, property(getter, current.fset, current.fdel, current.__doc__))
-        elif not getattr(current, _MARKER, False):
+        if isinstance(current, property) and current.fget is not None:
+            getter = make(current.fget)
+            setattr(getter, _MARKER, True)
+            setattr(owner, name, property(getter, current.fset, current.fdel, current.__doc__))
+        else:
             wrapper = make(current)
             setattr(wrapper, _MARKER, True)
             setattr(owner, name, wrapper)
 
 
-def _seams() -> tuple[tuple[type, str, Callable[[Any], Any]], ...]:
+def _level(owner: type) -> int:
+    return int(getattr(owner, _NATIVE_MARKER, 0))
+
+
+def _is_native(seam: Seam) -> bool:
+    """Whether the patched Lightning carries this seam: the hang checks' ones came with level 2, as did the part of
+    ``_ResultMetric.forward`` that says which value syncs."""
+    owner, name, _ = seam
+    decisions_only = (owner, name) in _LEVEL_1_SEAMS
+    return _level(owner) >= (_DECISIONS if decisions_only else _HANG)
+
+
+def _is_wrapped(seam: Seam) -> bool:
+    owner, name, _ = seam
+    current = owner.__dict__.get(name, getattr(owner, name, None))
+    function = current.fget if isinstance(current, property) else current
+    return bool(getattr(function, _MARKER, False))
+
+
+_LEVEL_1_SEAMS = frozenset(
+    {
+        (ModelCheckpoint, "_save_topk_checkpoint"),
+        (ModelCheckpoint, "on_train_batch_end"),
+        (EarlyStopping, "_run_early_stopping_check"),
+        (_LoggerConnector, "log_metrics"),
+    }
+)
+
+
+def _all_seams() -> tuple[Seam, ...]:
+    return (*_seams(), *_hang_seams())
+
+
+def _seams() -> tuple[Seam, ...]:
     return (
         (ModelCheckpoint, "_save_topk_checkpoint", _checkpoint_seam),
         (ModelCheckpoint, "on_train_batch_end", _step_checkpoint_seam),
@@ -97,7 +155,7 @@ def _seams() -> tuple[tuple[type, str, Callable[[Any], Any]], ...]:
     )
 
 
-def _hang_seams() -> tuple[tuple[type, str, Callable[[Any], Any]], ...]:
+def _hang_seams() -> tuple[Seam, ...]:
     return (
         (_ResultMetric, "compute", _compute_seam),
         (_LoggerConnector, "on_batch_start", _batch_start_seam),
@@ -187,31 +245,17 @@ def _loggers_for_this_call(trainer: Any, loggers: list[Any]) -> Iterator[None]:
 def _forward_seam(original: Callable[..., None]) -> Callable[..., None]:
     @functools.wraps(original)
     def forward(self: _ResultMetric, value: Any, batch_size: int) -> None:
-        if _log_checks.active() is None:
+        with _hang_hooks.syncing(self, "step"):
             original(self, value, batch_size)
-        else:
-            with _log_checks.syncing(self, "step"):
-                original(self, value, batch_size)
         _local_values.record_update(self, value)
 
     return forward
 
 
-def _batch_start_seam(original: Callable[..., None]) -> Callable[..., None]:
-    @functools.wraps(original)
-    def on_batch_start(self: _LoggerConnector, *args: Any, **kwargs: Any) -> None:
-        original(self, *args, **kwargs)
-        _log_checks.batch_started()
-
-    return on_batch_start
-
-
 def _compute_seam(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def compute(self: _ResultMetric) -> Any:
-        if _log_checks.active() is None:
-            return original(self)
-        with _log_checks.syncing(self, "epoch"):
+        with _hang_hooks.syncing(self, "epoch"):
             return original(self)
 
     return compute
@@ -220,21 +264,26 @@ def _compute_seam(original: Callable[..., Any]) -> Callable[..., Any]:
 def _epoch_metrics_seam(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def metrics(self: _ResultCollection, on_step: bool) -> Any:
-        if on_step or _log_checks.active() is None:
-            return original(self, on_step)
-        with _log_checks.epoch_round(self):
+        with _hang_hooks.epoch_round(self, on_step):
             return original(self, on_step)
 
     return metrics
+
+
+def _batch_start_seam(original: Callable[..., None]) -> Callable[..., None]:
+    @functools.wraps(original)
+    def on_batch_start(self: _LoggerConnector, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        _hang_hooks.batch_started()
+
+    return on_batch_start
 
 
 def _fit_data_seam(original: Callable[..., None]) -> Callable[..., None]:
     @functools.wraps(original)
     def setup_data(self: _FitLoop) -> None:
         original(self)
-        checks = _loader_checks.active()
-        if checks is not None:
-            checks.after_fit_setup_data(self)
+        _hang_hooks.after_fit_setup_data(self)
 
     return setup_data
 
@@ -243,9 +292,7 @@ def _evaluation_data_seam(original: Callable[..., None]) -> Callable[..., None]:
     @functools.wraps(original)
     def setup_data(self: _EvaluationLoop) -> None:
         original(self)
-        checks = _loader_checks.active()
-        if checks is not None:
-            checks.after_eval_setup_data(self)
+        _hang_hooks.after_eval_setup_data(self)
 
     return setup_data
 
@@ -253,7 +300,7 @@ def _evaluation_data_seam(original: Callable[..., None]) -> Callable[..., None]:
 def _evaluation_batches_seam(original: Callable[..., list[Any]]) -> Callable[..., list[Any]]:
     @functools.wraps(original)
     def max_batches(self: _EvaluationLoop) -> list[Any]:
-        return _loader_checks.truncated_max_batches(self, original(self))
+        return _hang_hooks.max_batches(self, original(self))
 
     return max_batches
 
@@ -261,18 +308,7 @@ def _evaluation_batches_seam(original: Callable[..., list[Any]]) -> Callable[...
 def _fetch_seam(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def __next__(self: _PrefetchDataFetcher) -> Any:
-        checks = _loader_checks.active()
-        if checks is None or not checks.unsized:
-            return original(self)
-        try:
-            batch = original(self)
-        except StopIteration:
-            checks.after_fetch(self, exhausted=True, dataloader_index=None)
-            raise
-        index = batch[2] if isinstance(batch, tuple) and len(batch) == 3 else None
-        if checks.after_fetch(self, exhausted=False, dataloader_index=index):
-            raise StopIteration
-        return batch
+        return _hang_hooks.fetch(self, functools.partial(original, self))
 
     return __next__
 

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from lightning.pytorch.callbacks.early_stopping import EarlyStoppingReason
+from lightning.pytorch.callbacks import early_stopping
 
 from tests import _stand_ins as stand_ins
 
@@ -148,7 +148,8 @@ def early_stop_round(
         shared = sims[0]
         stop, _ = shared._evaluate_stopping_criteria(agreed)
         if nonfinite and not stop:
-            shared.stopping_reason = EarlyStoppingReason.NON_FINITE_METRIC
+            if hasattr(early_stopping, "EarlyStoppingReason"):  # Lightning 2.6+ records why it stopped
+                shared.stopping_reason = early_stopping.EarlyStoppingReason.NON_FINITE_METRIC
             stop = True
         sims = [copy.deepcopy(shared) for _ in range(world)]
     else:

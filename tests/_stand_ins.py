@@ -96,8 +96,9 @@ def make_early_stopping(config: dict[str, Any]) -> EarlyStopping:
 
 
 def early_stopping_state(callback: EarlyStopping) -> dict[str, Any]:
+    reason = getattr(callback, "stopping_reason", None)  # Lightning 2.6+
     return {
         "best_score": float(callback.best_score),
         "wait_count": callback.wait_count,
-        "stopping_reason": callback.stopping_reason.name,
+        "stopping_reason": None if reason is None else reason.name,
     }

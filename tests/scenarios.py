@@ -164,7 +164,8 @@ def fit(
         result["files"] = on_disk if trainer.is_global_zero else None
     if early_cb is not None:
         result["stopped_epoch"] = early_cb.stopped_epoch
-        result["stopping_reason"] = early_cb.stopping_reason.name
+        reason = getattr(early_cb, "stopping_reason", None)  # Lightning 2.6+
+        result["stopping_reason"] = None if reason is None else reason.name
         result["wait_count"] = early_cb.wait_count
         result["best_score"] = float(early_cb.best_score)
     return result

@@ -18,6 +18,20 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow
 
+# where each verified release's _run_early_stopping_check hunk sits (its series, 0002)
+EARLY_STOPPING_HUNK = {"2.5.6": "@@ -197,6 +198,11 @@", "2.6.6": "@@ -224,6 +225,11 @@"}
+PATCHED_FILES = [
+    "pytorch/callbacks/early_stopping.py",
+    "pytorch/callbacks/model_checkpoint.py",
+    "pytorch/loops/evaluation_loop.py",
+    "pytorch/loops/fetchers.py",
+    "pytorch/loops/fit_loop.py",
+    "pytorch/strategies/parallel.py",
+    "pytorch/trainer/connectors/logger_connector/logger_connector.py",
+    "pytorch/trainer/connectors/logger_connector/result.py",
+    "pytorch/trainer/trainer.py",
+]
+
 
 def _tool(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
@@ -75,19 +89,20 @@ def test_native_seams_give_the_same_results_as_the_runtime_drop_in(patched_site:
     assert same_native == same_runtime  # and every policy and per-rank outcome is identical
 
 
-def test_policy_and_per_rank_suites_pass_against_the_patched_copy(patched_site: Path) -> None:
+def test_policy_per_rank_and_hang_suites_pass_against_the_patched_copy(patched_site: Path) -> None:
     suites = [
         "tests/test_trainer_policies.py",
         "tests/test_trainer_errors.py",
         "tests/test_trainer_nonfinite.py",
         "tests/test_per_rank_metrics.py",
         "tests/test_per_rank_resume.py",
+        "tests/test_hang_checks.py",  # the hang-check seams (0004), natively
     ]
     run = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *suites],
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=900,
         cwd=REPO,
         env=_native_env(patched_site),
     )
@@ -106,7 +121,8 @@ def test_check_names_the_file_and_hunk_on_an_altered_copy_and_apply_touches_noth
     before = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in target.rglob("*.py")}
     checked = _tool("check", "--target", str(target))
     assert checked.returncode == 1
-    assert "lightning/pytorch/callbacks/early_stopping.py @@ -224,6 +225,11 @@: FAILS" in checked.stdout
+    hunk = EARLY_STOPPING_HUNK[lightning.__version__]
+    assert f"lightning/pytorch/callbacks/early_stopping.py {hunk}: FAILS" in checked.stdout
     assert "logs = dict(trainer.callback_metrics)" in checked.stdout  # what it found instead
     applied = _tool("apply", "--target", str(target))
     assert applied.returncode == 1
@@ -119,9 +135,89 @@ def test_apply_is_idempotent_and_revert_restores_the_original_bytes(tmp_path: Pa
     original = {p: p.read_bytes() for p in target.rglob("*.py")}
     assert _tool("apply", "--target", str(target)).returncode == 0
     patched = {p: p.read_bytes() for p in target.rglob("*.py")}
-    assert sum(patched[p] != original[p] for p in original) == 5  # parallel, 2 callbacks, connector, result
+    changed = sorted(str(p.relative_to(target)) for p in original if patched[p] != original[p])
+    assert changed == PATCHED_FILES
     again = _tool("apply", "--target", str(target))
     assert again.returncode == 0 and "already applied" in again.stdout
     assert {p: p.read_bytes() for p in target.rglob("*.py")} == patched
     assert _tool("revert", "--target", str(target)).returncode == 0
     assert {p: p.read_bytes() for p in target.rglob("*.py")} == original
+
+
+_SEAMS = """
+import importlib, json
+import lightning_ext._runtime as runtime
+from lightning_ext import PolicyDDPStrategy
+
+SEAMS = [
+    ("lightning.pytorch.callbacks.model_checkpoint", "ModelCheckpoint", "_save_topk_checkpoint"),
+    ("lightning.pytorch.callbacks.model_checkpoint", "ModelCheckpoint", "on_train_batch_end"),
+    ("lightning.pytorch.callbacks.early_stopping", "EarlyStopping", "_run_early_stopping_check"),
+    ("lightning.pytorch.trainer.connectors.logger_connector.logger_connector", "_LoggerConnector", "log_metrics"),
+    ("lightning.pytorch.trainer.connectors.logger_connector.logger_connector", "_LoggerConnector", "on_batch_start"),
+    ("lightning.pytorch.trainer.connectors.logger_connector.result", "_ResultMetric", "forward"),
+    ("lightning.pytorch.trainer.connectors.logger_connector.result", "_ResultMetric", "compute"),
+    ("lightning.pytorch.trainer.connectors.logger_connector.result", "_ResultCollection", "metrics"),
+    ("lightning.pytorch.loops.fit_loop", "_FitLoop", "setup_data"),
+    ("lightning.pytorch.loops.evaluation_loop", "_EvaluationLoop", "setup_data"),
+    ("lightning.pytorch.loops.evaluation_loop", "_EvaluationLoop", "max_batches"),
+    ("lightning.pytorch.loops.fetchers", "_PrefetchDataFetcher", "__next__"),
+    ("lightning.pytorch.trainer.trainer", "Trainer", "_run"),
+]
+
+mode = runtime.patch_mode()
+try:
+    PolicyDDPStrategy()
+    error = None
+except RuntimeError as exc:
+    error = str(exc)
+wrapped = []
+for module, cls, name in SEAMS:
+    attribute = vars(getattr(importlib.import_module(module), cls))[name]
+    function = attribute.fget if isinstance(attribute, property) else attribute
+    if getattr(function, "__lightning_ext_seam__", False):
+        wrapped.append(f"{cls}.{name}")
+print("SEAMS " + json.dumps({"mode": mode, "error": error, "wrapped": sorted(wrapped)}))
+"""
+
+
+def _seams(site: Path, runtime_patching: str) -> dict[str, Any]:
+    env = {**_native_env(site), "LIGHTNING_EXT_RUNTIME_PATCHING": runtime_patching}
+    run = subprocess.run([sys.executable, "-c", _SEAMS], capture_output=True, text=True, timeout=180, env=env)
+    assert run.returncode == 0, run.stderr[-3000:]
+    line = next(line for line in run.stdout.splitlines() if line.startswith("SEAMS "))
+    return dict(json.loads(line[len("SEAMS ") :]))
+
+
+def test_native_only_when_every_seam_is_a_series_without_the_hang_seams_is_completed_at_run_time(
+    patched_site: Path, tmp_path: Path
+) -> None:
+    whole = _seams(patched_site, "0")
+    assert whole == {"mode": "native", "error": None, "wrapped": []}
+
+    site = tmp_path / "site"
+    shutil.copytree(Path(lightning.__file__).parent, site / "lightning", ignore=shutil.ignore_patterns("__pycache__"))
+    series = REPO / "patches" / f"lightning-{lightning.__version__}"
+    first_three = tmp_path / "series"
+    first_three.mkdir()
+    for patch in sorted(series.glob("000[123]-*.patch")):
+        shutil.copy(patch, first_three)
+    applied = _tool("apply", "--target", str(site / "lightning"), "--series", str(first_three))
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+
+    alone = _seams(site, "0")  # the decision seams are native, the hang seams are not: not enough alone
+    assert alone["mode"] == "runtime" and alone["wrapped"] == []
+    assert "cannot reach Lightning's callbacks" in alone["error"]
+    completed = _seams(site, "1")  # the runtime wraps what the series lacks, and only that
+    assert completed["mode"] == "runtime" and completed["error"] is None
+    assert completed["wrapped"] == [
+        "Trainer._run",
+        "_EvaluationLoop.max_batches",
+        "_EvaluationLoop.setup_data",
+        "_FitLoop.setup_data",
+        "_LoggerConnector.on_batch_start",
+        "_PrefetchDataFetcher.__next__",
+        "_ResultCollection.metrics",
+        "_ResultMetric.compute",
+        "_ResultMetric.forward",
+    ]

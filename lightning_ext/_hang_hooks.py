@@ -1,0 +1,86 @@
+"""What the hang checks' seams in Lightning do: called by a patched Lightning and by the runtime wrappers alike.
+
+The hang checks (:mod:`lightning_ext._log_checks`, :mod:`lightning_ext._loader_checks`) need to hear from six places
+inside Lightning: a logged value's step sync (``_ResultMetric.forward``) and epoch sync (``_ResultMetric.compute``),
+the start of an epoch's syncs (``_ResultCollection.metrics``), the start of a batch (``_LoggerConnector
+.on_batch_start``), the batch counts once known (``_FitLoop.setup_data``, ``_EvaluationLoop.setup_data`` and its
+``max_batches``), and each fetch from a loader without length (``_PrefetchDataFetcher.__next__``).
+
+A patched Lightning (``patches/``, the hang-check patch) keeps a module-level ``_lightning_ext_hooks`` in each of
+those modules: ``None``, unless lightning-ext set it to this module (:func:`lightning_ext._runtime.install`). The
+patched method then calls the function here of the same purpose, with its own stock body where the seam surrounds
+it. The runtime wrappers (:mod:`lightning_ext._runtime`) call the same functions, so both ways behave alike. Every
+function falls through to the stock behaviour when no strategy's checks are running.
+"""
+
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any
+
+from lightning_ext import _loader_checks, _log_checks
+
+__all__ = [
+    "after_eval_setup_data",
+    "after_fit_setup_data",
+    "batch_started",
+    "epoch_round",
+    "fetch",
+    "max_batches",
+    "syncing",
+]
+
+_UNCHECKED = nullcontext()  # reusable: what the context managers below are when no checks run
+
+
+def syncing(result_metric: Any, phase: str) -> AbstractContextManager[None]:
+    """Around ``_ResultMetric.forward`` (``"step"``) or ``compute`` (``"epoch"``): the value that syncs inside."""
+    if _log_checks.active() is None:
+        return _UNCHECKED
+    return _log_checks.syncing(result_metric, phase)
+
+
+def epoch_round(results: Any, on_step: bool) -> AbstractContextManager[None]:
+    """Around ``_ResultCollection.metrics(on_step)``: before the epoch values sync, check the keys on every rank."""
+    if on_step or _log_checks.active() is None:
+        return _UNCHECKED
+    return _log_checks.epoch_round(results)
+
+
+def batch_started() -> None:
+    """After ``_LoggerConnector.on_batch_start``: a batch starts (step syncs are checked at their batch)."""
+    _log_checks.batch_started()
+
+
+def after_fit_setup_data(loop: Any) -> None:
+    """After ``_FitLoop.setup_data``: compare the training batch counts."""
+    checks = _loader_checks.active()
+    if checks is not None:
+        checks.after_fit_setup_data(loop)
+
+
+def after_eval_setup_data(loop: Any) -> None:
+    """After ``_EvaluationLoop.setup_data``: compare the evaluation batch counts."""
+    checks = _loader_checks.active()
+    if checks is not None:
+        checks.after_eval_setup_data(loop)
+
+
+def max_batches(loop: Any, counts: list[Any]) -> list[Any]:
+    """``_EvaluationLoop.max_batches``: the stock counts, cut to the agreed ones where ``uneven_batches="truncate"``."""
+    return _loader_checks.truncated_max_batches(loop, counts)
+
+
+def fetch(fetcher: Any, next_batch: Callable[[], Any]) -> Any:
+    """``_PrefetchDataFetcher.__next__`` (``next_batch`` is the stock body): unsized loaders agree after each fetch."""
+    checks = _loader_checks.active()
+    if checks is None or not checks.unsized:
+        return next_batch()
+    try:
+        batch = next_batch()
+    except StopIteration:
+        checks.after_fetch(fetcher, exhausted=True, dataloader_index=None)
+        raise
+    index = batch[2] if isinstance(batch, tuple) and len(batch) == 3 else None
+    if checks.after_fetch(fetcher, exhausted=False, dataloader_index=index):
+        raise StopIteration
+    return batch

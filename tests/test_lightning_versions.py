@@ -1,0 +1,164 @@
+"""Lightning versions: what is verified, the warning outside that set, and the signature checks of the runtime seams.
+
+The verified releases are 2.5.6 and 2.6.6 (CI runs the suite against both). On another Lightning the strategy warns
+once; a private method that lightning-ext wraps or calls with another signature stops it with an error that names the
+method, both signatures and the version. Each case runs in a fresh interpreter: the seams are installed once per
+process, and the version string is monkeypatched there.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import lightning
+import pytest
+import tomllib
+from packaging.requirements import Requirement
+
+REPO = Path(__file__).resolve().parent.parent
+VERIFIED = ("2.5.6", "2.6.6")  # this test's own copy: pyproject.toml, the series and the warning must all say so
+
+
+def _python(code: str) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` in a fresh interpreter on the installed Lightning, runtime seams allowed."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith("LIGHTNING_EXT_")}
+    env["PYTHONPATH"] = str(REPO)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180, cwd=REPO, env=env)
+
+
+_WARNINGS = """
+import json, warnings
+import lightning
+lightning.__version__ = {version!r}
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    import lightning_ext
+    from lightning_ext import PolicyDDPStrategy
+    PolicyDDPStrategy()
+    PolicyDDPStrategy(checkpoint_policy="mean")
+print("WARNINGS " + json.dumps([str(w.message) for w in caught if "lightning-ext" in str(w.message)]))
+"""
+
+
+@pytest.mark.parametrize("version", ["2.5.5", "2.6.0", "2.7.0"])
+def test_an_unverified_lightning_gets_one_warning_naming_the_verified_releases(version: str) -> None:
+    run = _python(_WARNINGS.format(version=version))
+    assert run.returncode == 0, run.stderr[-3000:]
+    (line,) = [line for line in run.stdout.splitlines() if line.startswith("WARNINGS ")]
+    (message,) = json.loads(line[len("WARNINGS ") :])
+    assert "verified with Lightning 2.5.6 and 2.6.6" in message
+    assert f"the installed Lightning is {version}" in message
+
+
+def test_a_verified_lightning_gets_no_warning() -> None:
+    assert lightning.__version__ in VERIFIED
+    run = _python(_WARNINGS.format(version=lightning.__version__))
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "WARNINGS []" in run.stdout.splitlines()
+
+
+_SIGNATURE = """
+import lightning
+from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+from lightning.pytorch.loops.evaluation_loop import _EvaluationLoop
+from lightning_ext import PolicyDDPStrategy
+
+lightning.__version__ = "2.7.0"
+owner = {owner}
+original = owner.__dict__[{name!r}]
+{replacement}
+try:
+    PolicyDDPStrategy()
+except RuntimeError as error:
+    print("ERROR " + str(error))
+wrapped = [
+    name for name, function in vars(ModelCheckpoint).items() if getattr(function, "__lightning_ext_seam__", False)
+]
+print("WRAPPED " + ",".join(wrapped))
+setattr(owner, {name!r}, original)
+PolicyDDPStrategy()  # the stock method back: the seams install
+print("INSTALLED " + str(getattr(ModelCheckpoint._save_topk_checkpoint, "__lightning_ext_seam__", False)))
+"""
+
+
+@pytest.mark.parametrize(
+    ("owner", "name", "replacement", "expected", "found"),
+    [
+        (
+            "ModelCheckpoint",
+            "_save_topk_checkpoint",
+            "ModelCheckpoint._save_topk_checkpoint = lambda self, trainer, candidates, force=False: None",
+            "(self, trainer, monitor_candidates)",
+            "(self, trainer, candidates, force)",
+        ),
+        (  # a property's getter
+            "_EvaluationLoop",
+            "max_batches",
+            "_EvaluationLoop.max_batches = property(lambda self, stage=None: [])",
+            "(self)",
+            "(self, stage)",
+        ),
+        (  # called by the decisions, not wrapped
+            "EarlyStopping",
+            "_evaluate_stopping_criteria",
+            "EarlyStopping._evaluate_stopping_criteria = lambda self, current, trainer: (False, None)",
+            "(self, current)",
+            "(self, current, trainer)",
+        ),
+        (  # gone
+            "EarlyStopping",
+            "_run_early_stopping_check",
+            "del EarlyStopping._run_early_stopping_check",
+            "(self, trainer)",
+            "no such method",
+        ),
+    ],
+)
+def test_a_changed_lightning_method_stops_the_strategy_before_anything_is_wrapped(
+    owner: str, name: str, replacement: str, expected: str, found: str
+) -> None:
+    run = _python(_SIGNATURE.format(owner=owner, name=name, replacement=replacement))
+    assert run.returncode == 0, run.stderr[-3000:]
+    lines = run.stdout.splitlines()
+    (error,) = [line[len("ERROR ") :] for line in lines if line.startswith("ERROR ")]
+    assert f"{owner}.{name} of Lightning 2.7.0" in error
+    assert f"expects the parameters {expected}, found {found}" in error
+    assert "verified with Lightning 2.5.6 and 2.6.6" in error
+    assert "WRAPPED " in lines  # nothing was wrapped before the error
+    assert "INSTALLED True" in lines
+
+
+def test_trainer_run_accepts_either_verified_signature() -> None:
+    """``Trainer._run`` gained ``weights_only`` in 2.6: both forms are accepted, a third is not."""
+    code = """
+from lightning.pytorch import Trainer
+from lightning_ext import PolicyDDPStrategy
+for params in ("self, model, ckpt_path=None", "self, model, ckpt_path=None, weights_only=None", "self, model"):
+    namespace = {}
+    exec(f"def _run({params}): pass", namespace)
+    Trainer._run = namespace["_run"]
+    try:
+        PolicyDDPStrategy()
+        print("OK", getattr(Trainer._run, "__lightning_ext_seam__", False))
+    except RuntimeError as error:
+        print("ERROR", "Trainer._run" in str(error))
+"""
+    run = _python(code)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.splitlines() == ["OK True", "OK True", "ERROR True"]
+
+
+def test_pyproject_and_the_series_cover_exactly_the_verified_releases() -> None:
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    (spec,) = [Requirement(dep) for dep in project["dependencies"] if Requirement(dep).name == "lightning"]
+    assert all(spec.specifier.contains(version) for version in VERIFIED)
+    assert not spec.specifier.contains("2.4.0") and not spec.specifier.contains("2.7.0")
+    series = sorted(path.name for path in (REPO / "patches").glob("lightning-*") if path.is_dir())
+    assert series == [f"lightning-{version}" for version in VERIFIED]
+    for version in VERIFIED:
+        names = sorted(path.name for path in (REPO / "patches" / f"lightning-{version}").glob("*.patch"))
+        assert [name[:4] for name in names] == ["0001", "0002", "0003", "0004"], version
