@@ -81,10 +81,13 @@ def stock_lightning() -> Iterator[None]:
     Lightning's source and stay; they fall through to the stock body for a strategy without hooks.
     """
     swapped: list[tuple[type, str, Any]] = []
-    for owner, name, _ in _runtime._seams():
+    for owner, name, _ in _runtime._all_seams():  # the decision seams and the hang checks' alike
         wrapper = owner.__dict__.get(name)
-        original = getattr(wrapper, "__wrapped__", None)
-        if getattr(wrapper, _runtime._MARKER, False) and original is not None:
+        function = wrapper.fget if isinstance(wrapper, property) else wrapper
+        original = getattr(function, "__wrapped__", None)
+        if getattr(function, _runtime._MARKER, False) and original is not None:
+            if isinstance(wrapper, property):
+                original = property(original, wrapper.fset, wrapper.fdel, wrapper.__doc__)
             setattr(owner, name, original)
             swapped.append((owner, name, wrapper))
     try:
