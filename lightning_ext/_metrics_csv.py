@@ -208,12 +208,47 @@ def check_template(filename: str) -> None:
 def _locate_bad_cell(
     body: str, header: list[str], where: str, first_line: int, columns: Sequence[str]
 ) -> RankMetricsError | None:
-    for offset, record in enumerate(csv.reader(io.StringIO(body, newline=""))):
-        for name, cell in zip(header, record, strict=True):
-            if cell in NA_CELLS or name not in columns:
-                continue
-            try:
-                float(cell)
-            except ValueError:
-                return RankMetricsError(f"{where}, line {first_line + offset}, column {name!r}: not a number: {cell!r}")
-    return None
+    """The first cell (by line, then column) that pandas cannot read as a number, found by bisection with pandas."""
+    records = list(csv.reader(io.StringIO(body, newline="")))
+    found = []
+    for position, name in enumerate(header):
+        if name in columns:
+            cells = [record[position] for record in records]
+            offset = _first_unreadable(cells)
+            if offset is not None:
+                found.append((offset, position, name, cells[offset]))
+    if not found:
+        return None
+    offset, _, name, cell = min(found)
+    return RankMetricsError(f"{where}, line {first_line + offset}, column {name!r}: not a number: {cell!r}")
+
+
+def _first_unreadable(cells: list[str]) -> int | None:
+    if _readable(cells):
+        return None
+    low, high = 0, len(cells)  # the first unreadable cell is in cells[low:high]
+    while high - low > 1:
+        middle = (low + high) // 2
+        if _readable(cells[low:middle]):
+            low = middle
+        else:
+            high = middle
+    return low
+
+
+def _readable(cells: list[str]) -> bool:
+    """Whether pandas reads every one of ``cells`` as a float64 (or a missing value), as the reader does."""
+    text = io.StringIO()
+    csv.writer(text).writerows([cell] for cell in cells)
+    try:
+        pd.read_csv(
+            io.StringIO(text.getvalue()),
+            header=None,
+            dtype="float64",
+            keep_default_na=False,
+            na_values=NA_CELLS,
+            skip_blank_lines=False,
+        )
+    except ValueError:
+        return False
+    return True

@@ -122,6 +122,8 @@ def read_table(log_dir: str, filename: str, request: "Request", report: ReadRepo
     for rank in ranks:
         try:
             chunks = read_chunks(found.fs, found.files[rank], found.parts.get(rank, []))
+            if not chunks:  # listed, then gone (or a dangling link)
+                raise FileNotFoundError(f"No such file: {found.shown(found.files[rank])}")
         except OSError as error:
             reader.flush()
             reader.bad(rank, error, f"{found.shown(found.files[rank])}: cannot be read: {error}")
