@@ -26,9 +26,16 @@ from lightning_ext._metrics_csv import EPOCH, RANK, STEP
 
 __all__ = ["Columns"]
 
+_MISSING = "\0epoch missing"  # the mask of the epoch column; NUL is in no metric name
+_OWN = (RANK, STEP, EPOCH, _MISSING)
+
 
 class Columns:
-    """The table's columns as they are filled, rank after rank: each grows in place, with some room to spare."""
+    """The table's columns as they are filled, rank after rank: each grows in place, with some room to spare.
+
+    ``rank`` and ``step`` are int64; ``epoch`` is int64 values with a mask of the missing ones (the parts of a
+    nullable Int64 column); the metrics are float64, NaN where a file lacks them.
+    """
 
     def __init__(self) -> None:
         self.capacity = 0
@@ -37,49 +44,64 @@ class Columns:
         self.rank_rows: dict[int, int] = {}  # rank -> its rows, in the order written
 
     def reserve(self, capacity: int) -> None:
+        """Room for ``capacity`` rows in the columns made from now on."""
         self.capacity = max(self.capacity, capacity)
 
     def append(self, rank: int, values: dict[str, NDArray[Any]]) -> None:
-        count = len(values[STEP])
-        end = self.rows + count
-        if end > self.capacity:
-            self.capacity = max(end, int(self.capacity * 1.25) + 1024)
+        """Add one file's rows: ``values`` has ``step``, maybe ``epoch`` (float with NaN, or int), and metrics."""
+        start, end = self.rows, self.rows + len(values[STEP])
+        if end > self.capacity or not self.arrays:
+            self.capacity = max(end, self.capacity if not self.arrays else int(self.capacity * 1.25) + 1024)
             for name in self.arrays:
                 self.arrays[name] = _grown(self.arrays[name], self.capacity)
+            for name in (RANK, STEP, EPOCH, _MISSING):
+                self._column(name)
+        self.arrays[RANK][start:end] = rank
+        epoch = values.get(EPOCH)
+        if epoch is None:
+            self.arrays[EPOCH][start:end] = 0
+            self.arrays[_MISSING][start:end] = True
+        elif epoch.dtype.kind == "f":
+            missing = np.isnan(epoch)
+            self.arrays[EPOCH][start:end] = np.where(missing, 0, epoch)
+            self.arrays[_MISSING][start:end] = missing
+        else:
+            self.arrays[EPOCH][start:end] = epoch
+            self.arrays[_MISSING][start:end] = False
         for name, column in values.items():
-            if name not in self.arrays:
-                array = np.empty(self.capacity, dtype=np.int64 if name == STEP else np.float64)
-                if self.rows:
-                    array[: self.rows] = np.nan  # a metric that no earlier file had (``step`` is in every file)
-                self.arrays[name] = array
-            self.arrays[name][self.rows : end] = column
+            if name != EPOCH:
+                self._column(name)[start:end] = column
         for name, array in self.arrays.items():
-            if name not in values:
-                array[self.rows : end] = np.nan
+            if name not in values and name not in _OWN:
+                array[start:end] = np.nan
         self.rows = end
-        self.rank_rows[rank] = self.rank_rows.get(rank, 0) + count
+        self.rank_rows[rank] = self.rank_rows.get(rank, 0) + len(values[STEP])
 
     def drop_rank(self, rank: int) -> None:
         """Forget ``rank``'s rows (the last rank written, if any)."""
         self.rows -= self.rank_rows.pop(rank, 0)
 
     def frame(self, metrics: list[str]) -> pd.DataFrame:
-        """The table, each column cut to its rows (in place), epoch made nullable Int64."""
-        ranks = np.fromiter(self.rank_rows, dtype=np.int64, count=len(self.rank_rows))
-        columns: dict[str, Any] = {RANK: np.repeat(ranks, np.fromiter(self.rank_rows.values(), dtype=np.int64))}
-        columns[STEP] = self._take(STEP, np.int64)
-        epoch = self._take(EPOCH, np.float64)
-        missing = np.isnan(epoch)
-        columns[EPOCH] = pd.arrays.IntegerArray(np.where(missing, 0, epoch).astype(np.int64), missing)
-        del epoch
+        """The table, each column cut to its rows in place (no copy)."""
+        if not self.arrays:
+            self.append(0, {STEP: np.empty(0, dtype=np.int64)})
+        columns: dict[str, Any] = {RANK: self._take(RANK), STEP: self._take(STEP)}
+        columns[EPOCH] = pd.arrays.IntegerArray(self._take(EPOCH), self._take(_MISSING))
         for name in metrics:
-            columns[name] = self._take(name, np.float64)
+            columns[name] = self._take(name) if name in self.arrays else np.full(self.rows, np.nan)
         return pd.DataFrame(columns, copy=False)
 
-    def _take(self, name: str, dtype: type[np.generic]) -> NDArray[Any]:
-        array = self.arrays.pop(name, None)
+    def _column(self, name: str) -> NDArray[Any]:
+        array = self.arrays.get(name)
         if array is None:
-            return np.full(self.rows, np.nan, dtype=dtype)
+            dtype = bool if name == _MISSING else np.int64 if name in _OWN else np.float64
+            array = self.arrays[name] = np.empty(self.capacity, dtype=dtype)
+            # a metric that no earlier file had (``step`` is in every file)
+            array[: self.rows] = True if name == _MISSING else 0 if name in _OWN else np.nan
+        return array
+
+    def _take(self, name: str) -> NDArray[Any]:
+        array = self.arrays.pop(name)
         if len(array) != self.rows:
             array.resize(self.rows, refcheck=False)  # gives the spare room back, without a copy
         return array

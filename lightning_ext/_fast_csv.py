@@ -1,62 +1,63 @@
-"""The rows of per-rank files parsed fast (pyarrow's CSV reader, else pandas' C parser), with the exact checks kept.
+"""The rows of a per-rank file parsed fast (pyarrow's CSV reader, else pandas' C parser), with the exact checks kept.
 
-A per-rank file's data rows hold numbers only, one row per line. The fast path checks that in one pass over the bytes
-(:func:`_scan`: only the characters of numbers, commas and line ends), lets the engine count the fields of every row
-(pyarrow does; for pandas, :func:`_fields_agree` counts them) and convert the cells to float64, and compares the rows
-it found with the lines counted (a lone carriage return, which both engines take for a line end, changes that).
-Anything unusual (a quote, a cell that is not a number, a NaN spelled otherwise than ``nan``; and, found by the
-caller's checks of ``step``, a blank line, which the engines read as a row of missing cells) sends the file down
-the exact path instead: the row-by-row checks of :mod:`lightning_ext._metrics_csv`,
-which name the file, line and column of a problem. So both engines return the same arrays and raise the same errors;
-only the time differs. Only the columns asked for are converted, and only their cells are checked to be numbers.
-
-Files with the same header are parsed in one engine call (:func:`parse_batch`), which lets pyarrow use every core.
+A per-rank file's data rows hold numbers only, one row per line. The fast path hands the data lines to the engine,
+which counts the fields of every row (pyarrow does; for pandas, :func:`_fields_agree` counts them) and converts the
+cells: ``step`` to int64 (and ``epoch``, with pyarrow; NaN where missing), the other columns to float64. Anything
+unusual sends the file down the exact path instead, the row-by-row checks of :mod:`lightning_ext._metrics_csv`
+(:func:`parse_exact`), which name the file, line and column of a problem: a quote anywhere in the data (quoting is
+for names), a row of another length, a cell the engine cannot convert, a NaN spelled otherwise than ``nan``
+(pyarrow reads ``-nan``, pandas does not), or, found by the caller's checks of ``step``, a blank line (the engines
+read it as a row of missing cells). So both engines return the same arrays and raise the same errors; only the
+time differs. Only the columns asked for are converted, and only their cells are checked to be numbers.
 
 Example:
     >>> layout = split_file(b"loss,step\\r\\n0.5,0\\r\\n,1\\r\\n", "f.csv")
-    >>> layout.header, layout.rows, layout.first_line
-    (['loss', 'step'], 2, 2)
-    >>> [column.tolist() for column in parse_exact(layout, ["loss", "step"])]
-    [[0.5, nan], [0.0, 1.0]]
+    >>> layout.header, layout.first_line
+    (['loss', 'step'], 2)
+    >>> [column.tolist() for column in parse(layout, ["step", "loss"], "pandas")]
+    [[0, 1], [0.5, nan]]
+    >>> [column.tolist() for column in parse_exact(layout, ["step", "loss"])]
+    [[0, 1], [0.5, nan]]
 
 """
 
 import importlib.util
 import io
-import itertools
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
 from numpy.typing import NDArray
 
-from lightning_ext._metrics_csv import NA_CELLS, decode, parse_body, split_header
+from lightning_ext._metrics_csv import EPOCH, NA_CELLS, STEP, decode, parse_body, split_header
 
-__all__ = ["ENGINES", "Layout", "Unusual", "default_engine", "parse_batch", "parse_exact", "parse_one", "split_file"]
+__all__ = ["BLOCK_BYTES", "ENGINES", "Layout", "default_engine", "parse", "parse_exact", "split_file"]
 
 ENGINES = ("pyarrow", "pandas")
-Column = NDArray[np.float64]
-
-# every character a row of numbers needs, as the writer writes them (repr of floats: 1e-05, inf, nan)
-_NUMBER_BYTES = b"0123456789+-.eE,nanif\r"  # and line feeds, counted apart
+BLOCK_BYTES = 1 << 18  # pyarrow parses blocks of this size in parallel, so one file keeps every core busy
 
 
-class Unusual(Exception):
+class _Unusual(Exception):
     """The fast path does not apply to these bytes: take the exact path (which names any problem)."""
 
 
-@dataclass
+@dataclass(frozen=True)
 class Layout:
-    """One file's (or part's) bytes, split: its header, its complete data lines, and where they start."""
+    """One file's (or part's) bytes, split: its header, and where its complete data lines are."""
 
     where: str
     header: list[str]
-    body: memoryview  # the complete data lines, after the header
+    data: bytes
+    start: int  # the data lines are data[start:end]: after the header, up to the last line end
+    end: int
     first_line: int  # the line number of the first data line
-    rows: int  # data lines in ``body``
-    plain: bool  # numbers, commas and line ends only, no blank line: the fast path applies
+
+    @property
+    def body(self) -> memoryview:
+        return memoryview(self.data)[self.start : self.end]
 
 
 def default_engine() -> str:
@@ -84,106 +85,79 @@ def split_file(data: bytes, where: str) -> Layout:
         # a header that spans lines, or is cut short: decode the whole text (rare)
         header, body, first_line = split_header(decode(data[:complete], where), where)
         encoded = body.encode("utf-8")
-        return Layout(where, header, memoryview(encoded), first_line, *_scan(encoded, 0, len(encoded)))
+        return Layout(where, header, encoded, 0, len(encoded), first_line)
     header, _, _ = split_header(decode(line, where), where)
-    return Layout(where, header, memoryview(data)[end:complete], 2, *_scan(data, end, complete))
+    return Layout(where, header, data, end, complete, 2)
 
 
-def parse_exact(layout: Layout, columns: Sequence[str]) -> list[Column]:
-    """The float64 values of ``columns``, row by row checked (the reference; raises ``RankMetricsError``)."""
+def parse(layout: Layout, columns: Sequence[str], engine: str) -> list[NDArray[Any]]:
+    """The values of ``columns`` (``step`` first): the fast path where it applies, else :func:`parse_exact`."""
+    if layout.start == layout.end:
+        return [np.empty(0, dtype=np.int64 if name == STEP else np.float64) for name in columns]
+    if layout.data.find(b'"', layout.start, layout.end) < 0:
+        try:
+            return _pyarrow(layout, columns) if engine == "pyarrow" else _pandas(layout, columns)
+        except _Unusual:
+            pass
+    return parse_exact(layout, columns)
+
+
+def parse_exact(layout: Layout, columns: Sequence[str]) -> list[NDArray[Any]]:
+    """The values of ``columns``, row by row checked (the reference; raises ``RankMetricsError``).
+
+    ``step`` is int64 where every cell reads as one, else float64 (the caller's check then names the cell).
+    """
     body = decode(bytes(layout.body), layout.where, layout.first_line)
-    table = parse_body(body, layout.header, layout.where, layout.first_line, columns)
-    return [table[name].to_numpy(dtype=np.float64) for name in columns]
+    table = parse_body(body, layout.header, layout.where, layout.first_line, columns, integer=STEP)
+    return [table[name].to_numpy() for name in columns]
 
 
-def parse_batch(layouts: Sequence[Layout], columns: Sequence[str], engine: str) -> list[list[Column]]:
-    """The float64 values of ``columns`` in each of ``layouts`` (which share one header), parsed in one call.
-
-    Raises:
-        Unusual: something in the bytes needs the exact path; parse each layout with :func:`parse_one` instead.
-
-    """
-    header = layouts[0].header
-    for layout in layouts:
-        if not layout.plain:
-            raise Unusual(layout.where)
-    body = b"".join(layout.body for layout in layouts) if len(layouts) > 1 else bytes(layouts[0].body)
-    if engine == "pyarrow":
-        values = _pyarrow(body, header, columns)
-    else:
-        if not _fields_agree(body, len(header)):
-            raise Unusual("field counts")
-        values = _pandas(body, header, columns)
-    rows = [layout.rows for layout in layouts]
-    if any(len(column) != sum(rows) for column in values):
-        raise Unusual("row count")
-    bounds = np.cumsum([0, *rows])
-    return [[column[start:stop] for column in values] for start, stop in itertools.pairwise(bounds)]
+def _types(columns: Sequence[str], integers: Sequence[str]) -> dict[str, str]:
+    return {name: "int64" if name in integers else "float64" for name in columns}
 
 
-def parse_one(layout: Layout, columns: Sequence[str], engine: str) -> list[Column]:
-    """One layout's values: the fast path if it applies, else the exact path."""
-    if layout.rows == 0:
-        return [np.empty(0) for _ in columns]
-    try:
-        return parse_batch([layout], columns, engine)[0]
-    except Unusual:
-        return parse_exact(layout, columns)
-
-
-def _scan(data: bytes, start: int, end: int) -> tuple[int, bool]:
-    """The lines of ``data[start:end]``, and whether it holds only the characters of numbers, commas and line ends.
-
-    One pass, without copying the body: ``translate`` deletes those characters except the line feed, from the whole of
-    ``data``, and the little that is left over is counted, less what the bytes outside the body leave over.
-    """
-    lines = other = 0
-    for part, sign in ((data, 1), (data[:start], -1), (data[end:], -1)):
-        left = part.translate(None, _NUMBER_BYTES)
-        feeds = left.count(b"\n")
-        lines += sign * feeds
-        other += sign * (len(left) - feeds)
-    return lines, other == 0
-
-
-def _pyarrow(body: bytes, header: list[str], columns: Sequence[str]) -> list[Column]:
+def _pyarrow(layout: Layout, columns: Sequence[str]) -> list[NDArray[Any]]:
     import pyarrow as pa
-    import pyarrow.compute as pc
     import pyarrow.csv as pa_csv
 
     try:
         table = pa_csv.read_csv(
-            pa.py_buffer(body),
-            read_options=pa_csv.ReadOptions(column_names=header),
+            pa.py_buffer(layout.body),
+            read_options=pa_csv.ReadOptions(column_names=layout.header, block_size=BLOCK_BYTES),
             parse_options=pa_csv.ParseOptions(ignore_empty_lines=False),
             convert_options=pa_csv.ConvertOptions(
-                column_types=dict.fromkeys(columns, pa.float64()),
+                # ints where every cell is one (epoch: NaN where missing), floats for the metrics
+                column_types={name: pa.type_for_alias(kind) for name, kind in _types(columns, (STEP, EPOCH)).items()},
                 include_columns=list(columns),
                 null_values=NA_CELLS,
                 strings_can_be_null=True,
             ),
-            memory_pool=pa.system_memory_pool(),
+            memory_pool=pa.system_memory_pool(),  # returned to the system when freed, unlike pyarrow's own pool
         )
     except pa.ArrowException as error:
-        raise Unusual(str(error)) from error
+        raise _Unusual(str(error)) from error
     values = []
     for name in columns:
         column = table.column(name)
+        array = column.to_numpy()  # nulls become NaN
         # pyarrow reads "-nan" or "+nan" as NaN where pandas refuses them: let the exact path decide
-        if pc.any(pc.is_nan(column)).as_py():
-            raise Unusual("a NaN spelled otherwise than 'nan'")
-        values.append(column.to_numpy())
+        if array.dtype.kind == "f" and np.count_nonzero(np.isnan(array)) != column.null_count:
+            raise _Unusual("a NaN spelled otherwise than 'nan'")
+        values.append(array)
     return values
 
 
-def _pandas(body: bytes, header: list[str], columns: Sequence[str]) -> list[Column]:
+def _pandas(layout: Layout, columns: Sequence[str]) -> list[NDArray[Any]]:
+    body = bytes(layout.body)
+    if not _fields_agree(body, len(layout.header)):
+        raise _Unusual("field counts")
     try:
         table = pd.read_csv(
             io.BytesIO(body),
             header=None,
-            names=header,
+            names=layout.header,
             usecols=list(columns),
-            dtype="float64",
+            dtype=_types(columns, (STEP,)),  # the C parser refuses an int column with missing cells
             keep_default_na=False,
             na_values=NA_CELLS,
             skip_blank_lines=False,
@@ -191,8 +165,8 @@ def _pandas(body: bytes, header: list[str], columns: Sequence[str]) -> list[Colu
             engine="c",
         )
     except (ValueError, pd.errors.ParserError) as error:
-        raise Unusual(str(error)) from error
-    return [table[name].to_numpy(dtype=np.float64) for name in columns]
+        raise _Unusual(str(error)) from error
+    return [table[name].to_numpy() for name in columns]
 
 
 def _fields_agree(body: bytes, fields: int) -> bool:
@@ -200,7 +174,7 @@ def _fields_agree(body: bytes, fields: int) -> bool:
     if fields == 1:
         return b"," not in body
     array = np.frombuffer(body, dtype=np.uint8)
-    line_ends = np.flatnonzero(array == ord("\n"))
+    line_ends = np.flatnonzero((array == ord("\n")) | (array == ord("\r")))
     commas = np.flatnonzero(array == ord(","))
     per_line = np.diff(np.searchsorted(commas, line_ends), prepend=0)
-    return bool(np.all(per_line == fields - 1))
+    return bool(np.all(per_line[np.diff(line_ends, prepend=-1) > 1] == fields - 1))

@@ -22,6 +22,7 @@ import csv
 import io
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -137,29 +138,42 @@ def iter_records(body: str, header: list[str], where: str, first_line: int) -> I
 
 
 def parse_body(
-    body: str, header: list[str], where: str, first_line: int, columns: Sequence[str] | None = None
+    body: str,
+    header: list[str],
+    where: str,
+    first_line: int,
+    columns: Sequence[str] | None = None,
+    *,
+    integer: str | None = None,
 ) -> pd.DataFrame:
     """The data rows as float64 columns named by ``header`` (pandas parses; floats come back exactly).
 
     The rows are checked with :func:`iter_records` first: ``pd.read_csv`` would pad a short row silently. Only the
-    cells of ``columns`` (all if ``None``) are converted, and checked to be numbers.
+    cells of ``columns`` (all if ``None``) are converted, and checked to be numbers. The column ``integer``, if given,
+    is int64 where every one of its cells reads as one (else float64, for the caller to check).
     """
     for _ in iter_records(body, header, where, first_line):
         pass
+    names = header if columns is None else list(columns)
+    options: dict[str, Any] = {
+        "header": None,
+        "names": header,
+        "usecols": None if columns is None else names,
+        "keep_default_na": False,
+        "na_values": NA_CELLS,
+        "skip_blank_lines": False,
+        "index_col": False,
+    }
+    if integer in names:
+        types = {name: "int64" if name == integer else "float64" for name in names}
+        try:
+            return pd.read_csv(io.StringIO(body), dtype=types, **options)
+        except ValueError:
+            pass  # not whole numbers: read as floats below
     try:
-        return pd.read_csv(
-            io.StringIO(body),
-            header=None,
-            names=header,
-            usecols=None if columns is None else list(columns),
-            dtype="float64",
-            keep_default_na=False,
-            na_values=NA_CELLS,
-            skip_blank_lines=False,
-            index_col=False,
-        )
+        return pd.read_csv(io.StringIO(body), dtype="float64", **options)
     except ValueError as error:
-        bad = _locate_bad_cell(body, header, where, first_line, header if columns is None else columns)
+        bad = _locate_bad_cell(body, header, where, first_line, names)
         raise bad or RankMetricsError(f"{where}: {error}") from error
 
 

@@ -1,15 +1,15 @@
 """Every rank's file read into one table: in batches, in bounded memory, only what was asked for, with a report.
 
 :func:`read_table` does the work of :func:`lightning_ext.rank_metrics.read_rank_metrics` and the ``lightning-ext
-ranks`` command. Files are read in the table's order (rank, then file and parts); runs of files with one header are
-parsed in one call (see :mod:`lightning_ext._fast_csv`), checked, cut to the step range, and written straight into
-the table's columns (:mod:`lightning_ext._columns`), so the rows are never held twice. What was noticed on the way
+ranks`` command. Files are read in the table's order (rank, then file and parts); each is parsed (see
+:mod:`lightning_ext._fast_csv`), checked, cut to the step range, and written straight into the table's columns
+(:mod:`lightning_ext._columns`), so the rows are never held twice. What was noticed on the way
 (incomplete ranks, torn lines, files skipped) goes into a :class:`ReadReport`, filled as it is found, so the caller
 has it even when an error ends the read; whether the files come from one run is checked by
 :mod:`lightning_ext._run_check`.
 """
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,26 +18,14 @@ import pandas as pd
 from numpy.typing import NDArray
 
 from lightning_ext._columns import Columns
-from lightning_ext._fast_csv import (
-    ENGINES,
-    Layout,
-    Unusual,
-    default_engine,
-    parse_batch,
-    parse_exact,
-    parse_one,
-    split_file,
-)
+from lightning_ext._fast_csv import ENGINES, Layout, default_engine, parse, parse_exact, split_file
 from lightning_ext._incomplete import describe, parse_marker
-from lightning_ext._metrics_csv import EPOCH, RANK, STEP, RankMetricsError, check_header, whole_numbers
+from lightning_ext._metrics_csv import EPOCH, RANK, STEP, RankMetricsError, check_header, check_template, whole_numbers
 from lightning_ext._parted_file import read_chunks
 from lightning_ext._rank_listing import RankFiles, list_rank_files
 from lightning_ext._run_check import RankInfo, check_one_run, check_rotations, rank_ranges
 
-__all__ = ["BATCH_BYTES", "ReadReport", "Request", "read_markers", "read_table"]
-
-BATCH_BYTES = 16 << 20
-"""Text parsed in one engine call, at most (a batch is flushed once it reaches this)."""
+__all__ = ["ReadReport", "Request", "read_markers", "read_table"]
 
 
 @dataclass(frozen=True)
@@ -86,7 +74,7 @@ class Request:
 class ReadReport:
     """What the read found besides the rows: notes (warnings, in order), incomplete and skipped ranks, every rank."""
 
-    notes: list[str] = field(default_factory=list)
+    notes: list[tuple[str, str]] = field(default_factory=list)  # (kind, message): "incomplete", "torn", "skipped"
     incomplete: dict[int, str] = field(default_factory=dict)
     skipped: dict[int, str] = field(default_factory=dict)  # rank -> why its file was left out
     ranks: dict[int, RankInfo] = field(default_factory=dict)  # every rank read (not the skipped ones)
@@ -102,12 +90,14 @@ class ReadReport:
 
 def read_table(log_dir: str, filename: str, request: "Request", report: ReadReport) -> pd.DataFrame:
     """The long table of :func:`lightning_ext.rank_metrics.read_rank_metrics`; ``report`` is filled on the way."""
+    check_template(filename)
     engine = _checked_engine(request.engine)
     found = list_rank_files(log_dir, filename)
     for rank, (record, path) in read_markers(found):
         report.incomplete[rank] = describe(record)
         where = found.shown(found.files[rank]) if rank in found.files else record.get("file", found.shown(path))
-        report.notes.append(f"rank {rank}: {where} is incomplete: {describe(record)} (marker: {found.shown(path)})")
+        note = f"rank {rank}: {where} is incomplete: {describe(record)} (marker: {found.shown(path)})"
+        report.notes.append(("incomplete", note))
     if not found.ranks:
         raise FileNotFoundError(f"No {filename.replace('{rank}', '<r>')} was found under {log_dir}")
     report.listed = found.ranks
@@ -125,12 +115,10 @@ def read_table(log_dir: str, filename: str, request: "Request", report: ReadRepo
             if not chunks:  # listed, then gone (or a dangling link)
                 raise FileNotFoundError(f"No such file: {found.shown(found.files[rank])}")
         except OSError as error:
-            reader.flush()
             reader.bad(rank, error, f"{found.shown(found.files[rank])}: cannot be read: {error}")
             continue
         for path, data in chunks:
             reader.add(rank, found.shown(path), data)
-    reader.flush()
     for rank in ranks:
         if rank not in report.skipped:
             file = found.shown(found.files[rank])
@@ -178,83 +166,55 @@ def _selected_ranks(found: RankFiles, request: Request, log_dir: str) -> list[in
 
 
 class _Reader:
-    """Files in the table's order; runs of files with one header parsed together, then written to the columns."""
+    """Files in the table's order, each parsed, checked, cut to the step range and written to the columns."""
 
     def __init__(self, request: Request, engine: str, report: ReadReport, expected_bytes: int) -> None:
         self._request = request
         self._engine = engine
         self._report = report
-        self._batch: list[tuple[int, Layout]] = []
-        self._batch_key: tuple[str, ...] = ()
-        self._batch_bytes = 0
         self._expected_bytes = expected_bytes
         self.columns = Columns()
         self.headers: dict[int, list[list[str]]] = {}  # rank -> the header of each file or part read
         self.steps: dict[int, list[tuple[int, int, int]]] = {}  # rank -> (rows, first step, last step) of each
 
     def add(self, rank: int, where: str, data: bytes) -> None:
+        """Read one file (or part) of ``rank``, after the ones before it."""
         if rank in self._report.skipped:
             return
         if data and not data.endswith(b"\n"):
             line = data.count(b"\n") + 1
-            self._report.notes.append(f"{where}, line {line}: ignored an incomplete last line (a write cut short)")
+            note = f"{where}, line {line}: ignored an incomplete last line (a write cut short)"
+            self._report.notes.append(("torn", note))
         try:
             layout = split_file(data, where)
-            if layout.header:
-                check_header(layout.header, where)
+            if not layout.header:
+                return
+            check_header(layout.header, where)
+            self.headers.setdefault(rank, []).append(layout.header)
+            columns = self._columns(layout.header)
+            try:
+                values = parse(layout, columns, self._engine)
+                _check_whole(layout, columns, values)
+            except RankMetricsError:
+                # the exact path names the problem as the row-by-row checks see it (a blank line is a row without
+                # fields there, a missing step to the engines)
+                values = parse_exact(layout, columns)
+                _check_whole(layout, columns, values)
         except RankMetricsError as error:
-            self.flush()  # the rows before this file are written before its rank is left out
             self.bad(rank, error, str(error))
             return
-        if not layout.header:
-            return
-        self.headers.setdefault(rank, []).append(layout.header)
-        if self.columns.capacity == 0 and layout.rows:
+        if self.columns.capacity == 0 and len(values[0]):
             # the first rows tell how many bytes a row takes: room for every file's rows, give or take
-            self.columns.reserve(int(self._expected_bytes * layout.rows / max(1, len(layout.body)) * 1.05) + 16)
-        key = (*layout.header, "\0", *self._columns(layout.header))  # NUL is in no name
-        if key != self._batch_key or self._batch_bytes >= BATCH_BYTES:
-            self.flush()
-        self._batch.append((rank, layout))
-        self._batch_key = key
-        self._batch_bytes += len(layout.body)
-
-    def flush(self) -> None:
-        """Parse the batch and write its rows, in order."""
-        batch, self._batch, self._batch_bytes = self._batch, [], 0
-        if not batch:
-            return
-        columns = self._columns(batch[0][1].header)
-        with_rows = [layout for _, layout in batch if layout.rows]
-        parsed: Iterator[list[NDArray[np.float64]] | None]
-        try:
-            parsed = iter(parse_batch(with_rows, columns, self._engine) if with_rows else [])
-        except Unusual:
-            parsed = iter([None] * len(with_rows))  # each file on its own below
-        for rank, layout in batch:
-            values = next(parsed) if layout.rows else [np.empty(0) for _ in columns]
-            if rank in self._report.skipped:
-                continue
-            try:
-                try:
-                    values = parse_one(layout, columns, self._engine) if values is None else values
-                    _check_whole(layout, columns, values)
-                except RankMetricsError:
-                    # the exact path names the problem as the row-by-row checks see it (a blank line is a row
-                    # without fields there, a missing step to the engines)
-                    values = parse_exact(layout, columns)
-                    _check_whole(layout, columns, values)
-            except RankMetricsError as error:
-                self.bad(rank, error, str(error))
-                continue
-            self._write(rank, dict(zip(columns, values, strict=True)))
+            per_row = (layout.end - layout.start) / len(values[0])
+            self.columns.reserve(int(self._expected_bytes / per_row * 1.05) + 16)
+        self._write(rank, dict(zip(columns, values, strict=True)))
 
     def bad(self, rank: int, error: Exception, message: str) -> None:
         """A file that cannot be read: raise, or (``skip_bad_files``) leave its rank out and say why."""
         if not self._request.skip_bad_files:
             raise error
         self._report.skipped[rank] = message
-        self._report.notes.append(f"rank {rank}: skipped: {message}")
+        self._report.notes.append(("skipped", f"rank {rank}: skipped: {message}"))
         self.columns.drop_rank(rank)
 
     def _columns(self, header: list[str]) -> list[str]:
@@ -262,11 +222,11 @@ class _Reader:
         metrics = [name for name in header if name not in (STEP, EPOCH) and (wanted is None or name in wanted)]
         return [STEP, *([EPOCH] if EPOCH in header else []), *metrics]
 
-    def _write(self, rank: int, values: dict[str, NDArray[np.float64]]) -> None:
-        steps = values[STEP].astype(np.int64)
+    def _write(self, rank: int, values: dict[str, NDArray[Any]]) -> None:
+        steps = values[STEP].astype(np.int64, copy=False)
         if len(steps):
             self.steps.setdefault(rank, []).append((len(steps), int(steps[0]), int(steps[-1])))
-        values[STEP] = steps  # type: ignore[assignment]  # int64 from here on
+        values[STEP] = steps
         low, high = self._request.min_step, self._request.max_step
         if low is not None or high is not None:
             keep = np.ones(len(steps), dtype=bool)
@@ -279,9 +239,9 @@ class _Reader:
         self.columns.append(rank, values)
 
 
-def _check_whole(layout: Layout, columns: Sequence[str], values: list[NDArray[np.float64]]) -> None:
+def _check_whole(layout: Layout, columns: Sequence[str], values: list[NDArray[Any]]) -> None:
     for name, cells in zip(columns, values, strict=True):
-        if name in (STEP, EPOCH):
+        if name in (STEP, EPOCH) and cells.dtype.kind == "f":
             whole_numbers(cells, name, layout.where, layout.first_line, allow_missing=name == EPOCH)
 
 

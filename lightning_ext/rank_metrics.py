@@ -332,7 +332,7 @@ def read_rank_metrics(
     try:
         return read_table(os.fspath(log_dir), filename, request, report)
     finally:  # what was found before an error too
-        for note in report.notes:
+        for _, note in report.notes:
             warnings.warn(note, RankMetricsWarning, stacklevel=2)
 
 

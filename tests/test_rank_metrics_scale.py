@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lightning_ext import RankMetricsError, RankMetricsWarning, _rank_read, read_rank_metrics
+from lightning_ext import RankMetricsError, RankMetricsWarning, _fast_csv, read_rank_metrics
 from lightning_ext.rank_metrics import MixedRunsError
 
 REPO = Path(__file__).resolve().parent.parent
@@ -70,13 +70,12 @@ def test_many_ranks_read_as_plain_pandas_reads_them(tmp_path, engine):
     pd.testing.assert_frame_equal(read_rank_metrics(tmp_path, engine=engine), reference(tmp_path, list(range(12))))
 
 
-@pytest.mark.parametrize("engine", ENGINES)
-def test_batches_of_any_size_give_the_same_table(tmp_path, engine, monkeypatch):
+def test_pyarrow_blocks_of_any_size_give_the_same_table(tmp_path, monkeypatch):
     many_ranks(tmp_path)
     expected = reference(tmp_path, list(range(12)))
-    for size in (1, 700, 5000):  # a batch per file, a few files, most of them
-        monkeypatch.setattr(_rank_read, "BATCH_BYTES", size)
-        pd.testing.assert_frame_equal(read_rank_metrics(tmp_path, engine=engine), expected)
+    for size in (64, 700, 1 << 20):  # many blocks per file (parsed in parallel), a few, one
+        monkeypatch.setattr(_fast_csv, "BLOCK_BYTES", size)
+        pd.testing.assert_frame_equal(read_rank_metrics(tmp_path, engine="pyarrow"), expected)
 
 
 @pytest.mark.parametrize("engine", ENGINES)
@@ -201,7 +200,7 @@ def test_a_file_with_no_metric_in_common_or_another_first_step_is_refused(tmp_pa
     assert read_rank_metrics(tmp_path, allow_mixed=True)["rank"].tolist().count(2) == 2
 
 
-CELLS = st.text(alphabet="0123456789+-.eEnaif\"' x", max_size=6)
+CELLS = st.text(alphabet="0123456789+-.eEnaifINT\"' \r\t\0é", max_size=6)
 
 
 @settings(max_examples=300, deadline=None)
@@ -243,3 +242,22 @@ def test_without_pyarrow_installed_the_table_is_the_same(tmp_path):
     # pandas itself stores the column names as pyarrow strings where pyarrow is installed: the names are compared
     pd.testing.assert_frame_equal(without, with_pyarrow, check_column_type=False)
     assert without.columns.tolist() == with_pyarrow.columns.tolist()
+
+
+@settings(max_examples=300, deadline=None)
+@given(cells=st.lists(st.tuples(CELLS, CELLS), min_size=1, max_size=4), engine=st.sampled_from(ENGINES))
+def test_property_the_fast_path_returns_what_the_exact_path_returns(cells, engine):
+    """Where the row-by-row checks accept a file, the fast path returns the same arrays; where they refuse it, the
+    fast path does not return anything either (it hands the file to them)."""
+    body = "".join(f"{a},{b},{step}\r\n" for step, (a, b) in enumerate(cells))
+    layout = _fast_csv.split_file(("a,b,step\r\n" + body).encode(), "f.csv")
+    try:
+        exact = _fast_csv.parse_exact(layout, ["step", "a", "b"])
+    except RankMetricsError as error:
+        with pytest.raises(RankMetricsError) as fast:
+            _fast_csv.parse(layout, ["step", "a", "b"], engine)
+        assert str(fast.value) == str(error)
+        return
+    fast = _fast_csv.parse(layout, ["step", "a", "b"], engine)
+    assert [array.dtype for array in fast] == [array.dtype for array in exact]
+    assert [array.tobytes() for array in fast] == [array.tobytes() for array in exact]
