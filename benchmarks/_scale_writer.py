@@ -30,7 +30,7 @@ __all__ = ["FLUSH_EVERY", "file_system_work", "writer_costs"]
 
 FLUSH_EVERY = 100
 _OS_CALLS = ("open", "write", "fsync", "replace", "rename", "ftruncate", "close", "mkdir", "lstat", "stat")
-_STORE_CALLS = ("pipe_file", "cat_file", "rm_file", "rm", "glob", "exists")
+_STORE_CALLS = ("pipe_file", "cat_file", "rm_file", "rm", "glob", "exists", "find", "ls")
 
 
 def _row(step: int) -> dict[str, float]:
@@ -121,6 +121,9 @@ def _phases(location: str, count: Callable[[], AbstractContextManager[Counter[st
     with count() as counts:
         writer.close()
     phases["close"] = dict(counts)
+    with count() as counts:
+        RankMetricsWriter(location, flush_every_n_rows=FLUSH_EVERY).close()
+    phases["a new run's writer (the old file moved aside)"] = dict(counts)
     return phases
 
 

@@ -1,7 +1,7 @@
 """The rows of a per-rank file parsed fast (pyarrow's CSV reader, else pandas' C parser), with the exact checks kept.
 
 A per-rank file's data rows hold numbers only, one row per line. The fast path hands the data lines to the engine,
-which counts the fields of every row (pyarrow does; for pandas, :func:`_fields_agree` counts them) and converts the
+which counts the fields of every row (pyarrow does; for pandas, :func:`_pandas` checks them) and converts the
 cells: ``step`` to int64 (and ``epoch``, with pyarrow; NaN where missing), the other columns to float64. Anything
 unusual sends the file down the exact path instead, the row-by-row checks of :mod:`lightning_ext._metrics_csv`
 (:func:`parse_exact`), which name the file, line and column of a problem: a quote anywhere in the data (quoting is
@@ -149,32 +149,24 @@ def _pyarrow(layout: Layout, columns: Sequence[str]) -> list[NDArray[Any]]:
 
 def _pandas(layout: Layout, columns: Sequence[str]) -> list[NDArray[Any]]:
     body = bytes(layout.body)
-    if not _fields_agree(body, len(layout.header)):
-        raise _Unusual("field counts")
+    header = layout.header
     try:
+        # no names and no usecols: then the C parser refuses a row longer than the first (it would cut it silently)
         table = pd.read_csv(
             io.BytesIO(body),
             header=None,
-            names=layout.header,
-            usecols=list(columns),
-            dtype=_types(columns, (STEP,)),  # the C parser refuses an int column with missing cells
+            dtype={index: "int64" if name == STEP else "float64" for index, name in enumerate(header)},
             keep_default_na=False,
             na_values=NA_CELLS,
             skip_blank_lines=False,
-            index_col=False,
             engine="c",
         )
     except (ValueError, pd.errors.ParserError) as error:
         raise _Unusual(str(error)) from error
-    return [table[name].to_numpy() for name in columns]
-
-
-def _fields_agree(body: bytes, fields: int) -> bool:
-    """Every line has ``fields`` fields (pandas' C parser pads a short row silently)."""
-    if fields == 1:
-        return b"," not in body
-    array = np.frombuffer(body, dtype=np.uint8)
-    line_ends = np.flatnonzero((array == ord("\n")) | (array == ord("\r")))
-    commas = np.flatnonzero(array == ord(","))
-    per_line = np.diff(np.searchsorted(commas, line_ends), prepend=0)
-    return bool(np.all(per_line[np.diff(line_ends, prepend=-1) > 1] == fields - 1))
+    # it pads a shorter row: with no row longer than the first, as many commas as rows x (fields - 1) leave none
+    # shorter; as many rows as line feeds leave no lone carriage return (a line end to the engine)
+    if table.shape[1] != len(header) or len(table) != body.count(b"\n"):
+        raise _Unusual("field or row counts")
+    if body.count(b",") != len(table) * (len(header) - 1):
+        raise _Unusual("field counts")
+    return [table[header.index(name)].to_numpy() for name in columns]
