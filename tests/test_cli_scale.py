@@ -170,4 +170,4 @@ def test_the_command_starts_without_lightning_or_torch_and_quickly(log_dir):
     code, inside, heavy = process.stderr.split(" ", 2)
     assert (code, heavy.strip()) == ("0", "[]"), process.stderr
     # importing torch alone takes longer than this here; the benchmark measures the start properly
-    assert float(inside) < 3.0 and wall < 4.0, (inside, wall)
+    assert float(inside) < 3.0 and wall < 6.0, (inside, wall)

@@ -4,6 +4,7 @@ The expected tables are built with plain ``pandas.read_csv`` on each file (never
 written here byte by byte, in the writer's documented format (``docs/per-rank-metrics.md``).
 """
 
+import importlib.util
 import os
 import re
 import subprocess
@@ -21,7 +22,9 @@ from lightning_ext import RankMetricsError, RankMetricsWarning, _fast_csv, read_
 from lightning_ext.rank_metrics import MixedRunsError
 
 REPO = Path(__file__).resolve().parent.parent
-ENGINES = ["pyarrow", "pandas"]
+HAS_PYARROW = importlib.util.find_spec("pyarrow") is not None
+NEEDS_PYARROW = pytest.mark.skipif(not HAS_PYARROW, reason="pyarrow is not installed (the fast extra)")
+ENGINES = [pytest.param("pyarrow", marks=NEEDS_PYARROW), "pandas"]
 
 
 def put(log_dir: Path, relative: str, text: str | bytes) -> Path:
@@ -70,6 +73,7 @@ def test_many_ranks_read_as_plain_pandas_reads_them(tmp_path, engine):
     pd.testing.assert_frame_equal(read_rank_metrics(tmp_path, engine=engine), reference(tmp_path, list(range(12))))
 
 
+@NEEDS_PYARROW
 def test_pyarrow_blocks_of_any_size_give_the_same_table(tmp_path, monkeypatch):
     many_ranks(tmp_path)
     expected = reference(tmp_path, list(range(12)))
@@ -203,6 +207,7 @@ def test_a_file_with_no_metric_in_common_or_another_first_step_is_refused(tmp_pa
 CELLS = st.text(alphabet="0123456789+-.eEnaifINT\"' \r\t\0é", max_size=6)
 
 
+@NEEDS_PYARROW
 @settings(max_examples=300, deadline=None)
 @given(cells=st.lists(st.tuples(CELLS, CELLS), min_size=1, max_size=4))
 def test_property_both_engines_agree_on_any_cells(cells, tmp_path_factory):
@@ -211,7 +216,7 @@ def test_property_both_engines_agree_on_any_cells(cells, tmp_path_factory):
     body = "".join(f"{a},{b},{step}\r\n" for step, (a, b) in enumerate(cells))
     put(log_dir, "rank_0/metrics.csv", "a,b,step\r\n" + body)
     outcomes = []
-    for engine in ENGINES:
+    for engine in ("pyarrow", "pandas"):
         try:
             outcomes.append(read_rank_metrics(log_dir, engine=engine))
         except (RankMetricsError, ValueError) as error:
@@ -224,6 +229,7 @@ def test_property_both_engines_agree_on_any_cells(cells, tmp_path_factory):
         assert outcomes[0] == outcomes[1]
 
 
+@NEEDS_PYARROW
 @pytest.mark.timeout(120)
 def test_without_pyarrow_installed_the_table_is_the_same(tmp_path):
     """A process where ``import pyarrow`` fails reads the same table (compared as pickles) as this one."""
@@ -245,7 +251,10 @@ def test_without_pyarrow_installed_the_table_is_the_same(tmp_path):
 
 
 @settings(max_examples=300, deadline=None)
-@given(cells=st.lists(st.tuples(CELLS, CELLS), min_size=1, max_size=4), engine=st.sampled_from(ENGINES))
+@given(
+    cells=st.lists(st.tuples(CELLS, CELLS), min_size=1, max_size=4),
+    engine=st.sampled_from(["pyarrow", "pandas"] if HAS_PYARROW else ["pandas"]),
+)
 def test_property_the_fast_path_returns_what_the_exact_path_returns(cells, engine):
     """Where the row-by-row checks accept a file, the fast path returns the same arrays; where they refuse it, the
     fast path does not return anything either (it hands the file to them)."""
