@@ -6,8 +6,8 @@ appears in a later file gets its column then, missing (NaN) on the rows before.
 
 Example:
     >>> columns = Columns()
-    >>> columns.append(0, {"step": np.array([0, 1]), "loss": np.array([0.5, 0.25])})
-    >>> columns.append(1, {"step": np.array([0]), "acc": np.array([1.0])})
+    >>> columns.append(0, {"step": [np.array([0]), np.array([1])], "loss": [np.array([0.5, 0.25])]})
+    >>> columns.append(1, {"step": [np.array([0])], "acc": [np.array([1.0])]})
     >>> columns.frame(["acc", "loss"])
        rank  step  epoch  acc  loss
     0     0     0   <NA>  NaN  0.50
@@ -47,9 +47,11 @@ class Columns:
         """Room for ``capacity`` rows in the columns made from now on."""
         self.capacity = max(self.capacity, capacity)
 
-    def append(self, rank: int, values: dict[str, NDArray[Any]]) -> None:
-        """Add one file's rows: ``values`` has ``step``, maybe ``epoch`` (float with NaN, or int), and metrics."""
-        start, end = self.rows, self.rows + len(values[STEP])
+    def append(self, rank: int, values: dict[str, list[NDArray[Any]]]) -> None:
+        """Add one file's rows: ``values`` holds each column in pieces (in order): ``step``, maybe ``epoch`` (floats
+        with NaN for missing, or ints), and metrics."""
+        count = sum(len(piece) for piece in values[STEP])
+        start, end = self.rows, self.rows + count
         if end > self.capacity or not self.arrays:
             self.capacity = max(end, self.capacity if not self.arrays else int(self.capacity * 1.25) + 1024)
             for name in self.arrays:
@@ -57,25 +59,25 @@ class Columns:
             for name in (RANK, STEP, EPOCH, _MISSING):
                 self._column(name)
         self.arrays[RANK][start:end] = rank
-        epoch = values.get(EPOCH)
-        if epoch is None:
+        if EPOCH not in values:
             self.arrays[EPOCH][start:end] = 0
             self.arrays[_MISSING][start:end] = True
-        elif epoch.dtype.kind == "f":
-            missing = np.isnan(epoch)
-            self.arrays[EPOCH][start:end] = np.where(missing, 0, epoch)
-            self.arrays[_MISSING][start:end] = missing
-        else:
-            self.arrays[EPOCH][start:end] = epoch
-            self.arrays[_MISSING][start:end] = False
-        for name, column in values.items():
-            if name != EPOCH:
-                self._column(name)[start:end] = column
+        for name, pieces in values.items():
+            target = self._column(name)
+            at = start
+            for piece in pieces:
+                if name == EPOCH:
+                    missing = np.isnan(piece) if piece.dtype.kind == "f" else False
+                    target[at : at + len(piece)] = np.where(missing, 0, piece) if piece.dtype.kind == "f" else piece
+                    self.arrays[_MISSING][at : at + len(piece)] = missing
+                else:
+                    target[at : at + len(piece)] = piece
+                at += len(piece)
         for name, array in self.arrays.items():
             if name not in values and name not in _OWN:
                 array[start:end] = np.nan
         self.rows = end
-        self.rank_rows[rank] = self.rank_rows.get(rank, 0) + len(values[STEP])
+        self.rank_rows[rank] = self.rank_rows.get(rank, 0) + count
 
     def drop_rank(self, rank: int) -> None:
         """Forget ``rank``'s rows (the last rank written, if any)."""
@@ -84,7 +86,7 @@ class Columns:
     def frame(self, metrics: list[str]) -> pd.DataFrame:
         """The table, each column cut to its rows in place (no copy)."""
         if not self.arrays:
-            self.append(0, {STEP: np.empty(0, dtype=np.int64)})
+            self.append(0, {STEP: [np.empty(0, dtype=np.int64)]})
         columns: dict[str, Any] = {RANK: self._take(RANK), STEP: self._take(STEP)}
         columns[EPOCH] = pd.arrays.IntegerArray(self._take(EPOCH), self._take(_MISSING))
         for name in metrics:

@@ -34,7 +34,7 @@ from numpy.typing import NDArray
 
 from lightning_ext._metrics_csv import EPOCH, NA_CELLS, STEP, decode, parse_body, split_header
 
-__all__ = ["BLOCK_BYTES", "ENGINES", "Layout", "default_engine", "parse", "parse_exact", "split_file"]
+__all__ = ["BLOCK_BYTES", "ENGINES", "Layout", "default_engine", "parse", "parse_exact", "parse_pieces", "split_file"]
 
 ENGINES = ("pyarrow", "pandas")
 BLOCK_BYTES = 1 << 18  # pyarrow parses blocks of this size in parallel, so one file keeps every core busy
@@ -92,14 +92,21 @@ def split_file(data: bytes, where: str) -> Layout:
 
 def parse(layout: Layout, columns: Sequence[str], engine: str) -> list[NDArray[Any]]:
     """The values of ``columns`` (``step`` first): the fast path where it applies, else :func:`parse_exact`."""
+    return [
+        pieces[0] if len(pieces) == 1 else np.concatenate(pieces) for pieces in parse_pieces(layout, columns, engine)
+    ]
+
+
+def parse_pieces(layout: Layout, columns: Sequence[str], engine: str) -> list[list[NDArray[Any]]]:
+    """:func:`parse`, each column in the pieces the engine made (pyarrow: one per block; no copy to join them)."""
     if layout.start == layout.end:
-        return [np.empty(0, dtype=np.int64 if name == STEP else np.float64) for name in columns]
+        return [[np.empty(0, dtype=np.int64 if name == STEP else np.float64)] for name in columns]
     if layout.data.find(b'"', layout.start, layout.end) < 0:
         try:
-            return _pyarrow(layout, columns) if engine == "pyarrow" else _pandas(layout, columns)
+            return _pyarrow(layout, columns) if engine == "pyarrow" else [[c] for c in _pandas(layout, columns)]
         except _Unusual:
             pass
-    return parse_exact(layout, columns)
+    return [[array] for array in parse_exact(layout, columns)]
 
 
 def parse_exact(layout: Layout, columns: Sequence[str]) -> list[NDArray[Any]]:
@@ -116,7 +123,7 @@ def _types(columns: Sequence[str], integers: Sequence[str]) -> dict[str, str]:
     return {name: "int64" if name in integers else "float64" for name in columns}
 
 
-def _pyarrow(layout: Layout, columns: Sequence[str]) -> list[NDArray[Any]]:
+def _pyarrow(layout: Layout, columns: Sequence[str]) -> list[list[NDArray[Any]]]:
     import pyarrow as pa
     import pyarrow.csv as pa_csv
 
@@ -139,11 +146,13 @@ def _pyarrow(layout: Layout, columns: Sequence[str]) -> list[NDArray[Any]]:
     values = []
     for name in columns:
         column = table.column(name)
-        array = column.to_numpy()  # nulls become NaN
-        # pyarrow reads "-nan" or "+nan" as NaN where pandas refuses them: let the exact path decide
-        if array.dtype.kind == "f" and np.count_nonzero(np.isnan(array)) != column.null_count:
+        # a view of each block's values where no cell is missing, else a copy with NaN for the missing ones
+        pieces = [chunk.to_numpy(zero_copy_only=False) for chunk in column.chunks]
+        nans = sum(int(np.count_nonzero(np.isnan(piece))) for piece in pieces if piece.dtype.kind == "f")
+        if nans != column.null_count:
+            # pyarrow reads "-nan" or "+nan" as NaN where pandas refuses them: let the exact path decide
             raise _Unusual("a NaN spelled otherwise than 'nan'")
-        values.append(array)
+        values.append(pieces)
     return values
 
 

@@ -18,7 +18,7 @@ import pandas as pd
 from numpy.typing import NDArray
 
 from lightning_ext._columns import Columns
-from lightning_ext._fast_csv import ENGINES, Layout, default_engine, parse, parse_exact, split_file
+from lightning_ext._fast_csv import ENGINES, Layout, default_engine, parse_exact, parse_pieces, split_file
 from lightning_ext._incomplete import describe, parse_marker
 from lightning_ext._metrics_csv import EPOCH, RANK, STEP, RankMetricsError, check_header, check_template, whole_numbers
 from lightning_ext._parted_file import read_chunks
@@ -193,20 +193,20 @@ class _Reader:
             self.headers.setdefault(rank, []).append(layout.header)
             columns = self._columns(layout.header)
             try:
-                values = parse(layout, columns, self._engine)
+                values = parse_pieces(layout, columns, self._engine)
                 _check_whole(layout, columns, values)
             except RankMetricsError:
                 # the exact path names the problem as the row-by-row checks see it (a blank line is a row without
                 # fields there, a missing step to the engines)
-                values = parse_exact(layout, columns)
+                values = [[array] for array in parse_exact(layout, columns)]
                 _check_whole(layout, columns, values)
         except RankMetricsError as error:
             self.bad(rank, error, str(error))
             return
-        if self.columns.capacity == 0 and len(values[0]):
+        rows = sum(len(piece) for piece in values[0])
+        if self.columns.capacity == 0 and rows:
             # the first rows tell how many bytes a row takes: room for every file's rows, give or take
-            per_row = (layout.end - layout.start) / len(values[0])
-            self.columns.reserve(int(self._expected_bytes / per_row * 1.05) + 16)
+            self.columns.reserve(int(self._expected_bytes / ((layout.end - layout.start) / rows) * 1.05) + 16)
         self._write(rank, dict(zip(columns, values, strict=True)))
 
     def bad(self, rank: int, error: Exception, message: str) -> None:
@@ -222,27 +222,35 @@ class _Reader:
         metrics = [name for name in header if name not in (STEP, EPOCH) and (wanted is None or name in wanted)]
         return [STEP, *([EPOCH] if EPOCH in header else []), *metrics]
 
-    def _write(self, rank: int, values: dict[str, NDArray[Any]]) -> None:
-        steps = values[STEP].astype(np.int64, copy=False)
-        if len(steps):
-            self.steps.setdefault(rank, []).append((len(steps), int(steps[0]), int(steps[-1])))
+    def _write(self, rank: int, values: dict[str, list[NDArray[Any]]]) -> None:
+        """Note the rank's steps, keep the rows in the step range, and write them; ``values``: pieces per column."""
+        steps = [piece.astype(np.int64, copy=False) for piece in values[STEP] if len(piece)]
+        if steps:
+            count = sum(len(piece) for piece in steps)
+            self.steps.setdefault(rank, []).append((count, int(steps[0][0]), int(steps[-1][-1])))
         values[STEP] = steps
         low, high = self._request.min_step, self._request.max_step
         if low is not None or high is not None:
-            keep = np.ones(len(steps), dtype=bool)
+            joined = {name: np.concatenate(pieces) if pieces else np.empty(0) for name, pieces in values.items()}
+            every = joined[STEP].astype(np.int64)
+            keep = np.ones(len(every), dtype=bool)
             if low is not None:
-                keep &= steps >= low
+                keep &= every >= low
             if high is not None:
-                keep &= steps <= high
-            if not keep.all():
-                values = {name: column[keep] for name, column in values.items()}
+                keep &= every <= high
+            values = {name: [column[keep]] for name, column in joined.items()}
+            values[STEP] = [every[keep]]
         self.columns.append(rank, values)
 
 
-def _check_whole(layout: Layout, columns: Sequence[str], values: list[NDArray[Any]]) -> None:
-    for name, cells in zip(columns, values, strict=True):
-        if name in (STEP, EPOCH) and cells.dtype.kind == "f":
-            whole_numbers(cells, name, layout.where, layout.first_line, allow_missing=name == EPOCH)
+def _check_whole(layout: Layout, columns: Sequence[str], values: list[list[NDArray[Any]]]) -> None:
+    """``step`` and ``epoch`` cells that the engine read as floats must be whole (``epoch`` may be missing)."""
+    for name, pieces in zip(columns, values, strict=True):
+        line = layout.first_line
+        for piece in pieces:
+            if name in (STEP, EPOCH) and piece.dtype.kind == "f":
+                whole_numbers(piece, name, layout.where, line, allow_missing=name == EPOCH)
+            line += len(piece)
 
 
 def _info(file: str, headers: list[list[str]] | None, steps: list[tuple[int, int, int]]) -> RankInfo:
