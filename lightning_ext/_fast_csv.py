@@ -131,7 +131,8 @@ def _pyarrow(layout: Layout, columns: Sequence[str]) -> list[list[NDArray[Any]]]
         table = pa_csv.read_csv(
             pa.py_buffer(layout.body),
             read_options=pa_csv.ReadOptions(column_names=layout.header, block_size=BLOCK_BYTES),
-            parse_options=pa_csv.ParseOptions(ignore_empty_lines=False),
+            # no quote in these bytes (checked): the tokenizer need not look for one
+            parse_options=pa_csv.ParseOptions(ignore_empty_lines=False, quote_char=False),
             convert_options=pa_csv.ConvertOptions(
                 # ints where every cell is one (epoch: NaN where missing), floats for the metrics
                 column_types={name: pa.type_for_alias(kind) for name, kind in _types(columns, (STEP, EPOCH)).items()},
