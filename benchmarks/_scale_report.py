@@ -19,6 +19,10 @@ def _seconds(figure: dict[str, float]) -> str:
     return f"{figure['median']:.3f} ({figure['min']:.3f}-{figure['max']:.3f})"
 
 
+def _span(figure: dict[str, float]) -> str:
+    return f"{figure['min']:.2f}-{figure['max']:.2f}"
+
+
 def write_markdown(path: Path, document: dict[str, Any]) -> None:
     """The results as Markdown tables, with the method and the machine's load."""
     meta = document["metadata"]
@@ -33,7 +37,8 @@ def write_markdown(path: Path, document: dict[str, Any]) -> None:
         "## Reading: `read_rank_metrics` against a plain `pandas.read_csv` loop",
         "",
         f"Each rank: {document['rows']} rows x 4 metrics (+ `epoch`, `step`). Seconds: median (lowest-highest) of"
-        f" {document['repeats']} interleaved reads; ratio: the median of the per-repeat ratios to the plain loop.",
+        f" {document['repeats']} interleaved reads; ratio: the median (lowest-highest) of the per-repeat wall-time"
+        " ratios to the plain loop; CPU ratio: the median of the same for the process's CPU time.",
         "",
         "| ranks | rows | plain loop (s) | read_rank_metrics (s) | ratio | pandas engine (s) | ratio | CPU ratio |"
         " same values | peak memory / frame |",
@@ -43,7 +48,8 @@ def write_markdown(path: Path, document: dict[str, Any]) -> None:
         memory = row["memory"]["read_rank_metrics"]
         lines.append(
             f"| {row['ranks']} | {row['table_rows']} | {_seconds(row['wall_s']['plain pandas loop'])} |"
-            f" {_seconds(row['wall_s']['read_rank_metrics'])} | **{row['ratio']['read_rank_metrics']:.2f}** |"
+            f" {_seconds(row['wall_s']['read_rank_metrics'])} | **{row['ratio']['read_rank_metrics']:.2f}**"
+            f" ({_span(row['ratio_spread']['read_rank_metrics'])}) |"
             f" {_seconds(row['wall_s']['read_rank_metrics (pandas engine)'])} |"
             f" {row['ratio']['read_rank_metrics (pandas engine)']:.2f} | {row['cpu_ratio']:.2f} |"
             f" {'yes' if row['same_values'] else '**no**'} | **{memory['ratio']:.2f}**"

@@ -76,6 +76,12 @@ def _counts(args: argparse.Namespace) -> dict[str, Any]:
     return {name: base[name] if getattr(args, name) is None else getattr(args, name) for name in full}
 
 
+def _ratios(ours: list[tuple[float, float]], plain: list[tuple[float, float]], *, cpu: bool = False) -> list[float]:
+    """Ratios to the plain loop (wall, or CPU), repeat by repeat: the reads of a repeat ran back to back."""
+    which = 1 if cpu else 0
+    return [mine[which] / theirs[which] for mine, theirs in zip(ours, plain, strict=True)]
+
+
 def _machine() -> str:
     arch = re.sub(r"[^a-z0-9_]+", "-", (platform.machine() or "unknown").lower()).strip("-")
     return f"cpu-{os.cpu_count() or 0}core-{arch}"
@@ -114,15 +120,9 @@ def main(argv: list[str] | None = None) -> int:
                 "ranks": ranks,
                 "wall_s": {reader: spread([wall for wall, _ in times[reader]]) for reader in READERS},
                 "cpu_s": {reader: spread([cpu for _, cpu in times[reader]]) for reader in READERS},
-                "ratio": {
-                    reader: statistics.median(
-                        ours[0] / base[0] for ours, base in zip(times[reader], plain, strict=True)
-                    )
-                    for reader in READERS[1:]
-                },
-                "cpu_ratio": statistics.median(
-                    ours[1] / base[1] for ours, base in zip(times[READERS[1]], plain, strict=True)
-                ),
+                "ratio": {reader: statistics.median(_ratios(times[reader], plain)) for reader in READERS[1:]},
+                "ratio_spread": {reader: spread(_ratios(times[reader], plain)) for reader in READERS[1:]},
+                "cpu_ratio": statistics.median(_ratios(times[READERS[1]], plain, cpu=True)),
                 "same_values": same_values(log_dir, ranks),
                 "load_average": _load(),
             }
