@@ -20,14 +20,13 @@ Example:
 
 import csv
 import io
-import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
-
-from lightning_ext._durable import complete_prefix_length
+from numpy.typing import NDArray
 
 __all__ = [
     "EPOCH",
@@ -46,7 +45,6 @@ __all__ = [
     "encode_rows",
     "iter_records",
     "parse_body",
-    "parse_chunk",
     "split_header",
     "whole_number",
     "whole_numbers",
@@ -88,12 +86,12 @@ def encode_rows(fieldnames: Sequence[str], rows: Sequence[Mapping[str, Cell]], *
     return buffer.getvalue().encode("utf-8")
 
 
-def decode(data: bytes, where: str) -> str:
-    """The file's text; ``RankMetricsError`` naming the line if it is not UTF-8."""
+def decode(data: bytes, where: str, first_line: int = 1) -> str:
+    """The text of ``data`` (lines from ``first_line`` on); ``RankMetricsError`` naming the line if it is not UTF-8."""
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as error:
-        line = data.count(b"\n", 0, error.start) + 1
+        line = data.count(b"\n", 0, error.start) + first_line
         raise RankMetricsError(f"{where}, line {line}: not UTF-8 text ({error.reason})") from None
 
 
@@ -139,48 +137,44 @@ def iter_records(body: str, header: list[str], where: str, first_line: int) -> I
         raise RankMetricsError(f"{where}, line {first_line + reader.line_num - 1}: {error}") from error
 
 
-def parse_body(body: str, header: list[str], where: str, first_line: int) -> pd.DataFrame:
+def parse_body(
+    body: str,
+    header: list[str],
+    where: str,
+    first_line: int,
+    columns: Sequence[str] | None = None,
+    *,
+    integer: str | None = None,
+) -> pd.DataFrame:
     """The data rows as float64 columns named by ``header`` (pandas parses; floats come back exactly).
 
-    The rows are checked with :func:`iter_records` first: ``pd.read_csv`` would pad a short row silently.
+    The rows are checked with :func:`iter_records` first: ``pd.read_csv`` would pad a short row silently. Only the
+    cells of ``columns`` (all if ``None``) are converted, and checked to be numbers. The column ``integer``, if given,
+    is int64 where every one of its cells reads as one (else float64, for the caller to check).
     """
     for _ in iter_records(body, header, where, first_line):
         pass
+    names = header if columns is None else list(columns)
+    options: dict[str, Any] = {
+        "header": None,
+        "names": header,
+        "usecols": None if columns is None else names,
+        "keep_default_na": False,
+        "na_values": NA_CELLS,
+        "skip_blank_lines": False,
+        "index_col": False,
+    }
+    if integer in names:
+        types = {name: "int64" if name == integer else "float64" for name in names}
+        try:
+            return pd.read_csv(io.StringIO(body), dtype=types, **options)
+        except ValueError:
+            pass  # not whole numbers: read as floats below
     try:
-        return pd.read_csv(
-            io.StringIO(body),
-            header=None,
-            names=header,
-            dtype="float64",
-            keep_default_na=False,
-            na_values=NA_CELLS,
-            skip_blank_lines=False,
-            index_col=False,
-        )
+        return pd.read_csv(io.StringIO(body), dtype="float64", **options)
     except ValueError as error:
-        raise _locate_bad_cell(body, header, where, first_line) or RankMetricsError(f"{where}: {error}") from error
-
-
-def parse_chunk(data: bytes, where: str) -> pd.DataFrame | None:
-    """One file's (or one part's) rows: float64 columns as named in its header; ``None`` if it has no header.
-
-    ``step`` is checked to be whole everywhere, ``epoch`` wherever present. A last line cut short by a crash is
-    skipped with a :class:`RankMetricsWarning` naming the file and line.
-    """
-    complete = complete_prefix_length(data)
-    if complete < len(data):
-        line = data.count(b"\n") + 1
-        message = f"{where}, line {line}: ignored an incomplete last line (a write cut short)"
-        warnings.warn(message, RankMetricsWarning, stacklevel=3)
-    header, body, first_line = split_header(decode(data[:complete], where), where)
-    if not header:
-        return None
-    check_header(header, where)
-    table = parse_body(body, header, where, first_line)
-    whole_numbers(table[STEP], where, first_line, allow_missing=False)
-    if EPOCH in table:
-        whole_numbers(table[EPOCH], where, first_line, allow_missing=True)
-    return table
+        bad = _locate_bad_cell(body, header, where, first_line, names)
+        raise bad or RankMetricsError(f"{where}: {error}") from error
 
 
 def whole_number(cell: str | float, where: str, line: int, column: str) -> int:
@@ -194,13 +188,17 @@ def whole_number(cell: str | float, where: str, line: int, column: str) -> int:
     return int(value)
 
 
-def whole_numbers(cells: "pd.Series[float]", where: str, first_line: int, *, allow_missing: bool) -> None:
-    """Raise ``RankMetricsError`` at the first cell that is not a whole number (nor missing, if allowed)."""
-    whole = np.isfinite(cells) & (cells == np.floor(cells))
-    bad = cells.notna() & ~whole if allow_missing else ~whole
+def whole_numbers(cells: NDArray[np.float64], column: str, where: str, first_line: int, *, allow_missing: bool) -> None:
+    """Raise ``RankMetricsError`` at the first cell that is not a whole number (nor missing, if allowed).
+
+    ``cells`` are the column's values from the row on line ``first_line`` on, one row per line.
+    """
+    with np.errstate(invalid="ignore"):
+        whole = np.isfinite(cells) & (cells == np.floor(cells))
+    bad = ~(whole | np.isnan(cells)) if allow_missing else ~whole
     if bad.any():
-        offset = int(np.argmax(bad.to_numpy()))
-        whole_number(float(cells.iloc[offset]), where, first_line + offset, str(cells.name))
+        offset = int(np.argmax(bad))
+        whole_number(float(cells[offset]), where, first_line + offset, column)
 
 
 def check_metric_name(name: object, step: int) -> None:
@@ -221,13 +219,50 @@ def check_template(filename: str) -> None:
         raise ValueError(f"filename must be a relative path with '{{rank}}' in it exactly once, got {filename!r}")
 
 
-def _locate_bad_cell(body: str, header: list[str], where: str, first_line: int) -> RankMetricsError | None:
-    for offset, record in enumerate(csv.reader(io.StringIO(body, newline=""))):
-        for name, cell in zip(header, record, strict=True):
-            if cell in NA_CELLS:
-                continue
-            try:
-                float(cell)
-            except ValueError:
-                return RankMetricsError(f"{where}, line {first_line + offset}, column {name!r}: not a number: {cell!r}")
-    return None
+def _locate_bad_cell(
+    body: str, header: list[str], where: str, first_line: int, columns: Sequence[str]
+) -> RankMetricsError | None:
+    """The first cell (by line, then column) that pandas cannot read as a number, found by bisection with pandas."""
+    records = list(csv.reader(io.StringIO(body, newline="")))
+    found = []
+    for position, name in enumerate(header):
+        if name in columns:
+            cells = [record[position] for record in records]
+            offset = _first_unreadable(cells)
+            if offset is not None:
+                found.append((offset, position, name, cells[offset]))
+    if not found:
+        return None
+    offset, _, name, cell = min(found)
+    return RankMetricsError(f"{where}, line {first_line + offset}, column {name!r}: not a number: {cell!r}")
+
+
+def _first_unreadable(cells: list[str]) -> int | None:
+    if _readable(cells):
+        return None
+    low, high = 0, len(cells)  # the first unreadable cell is in cells[low:high]
+    while high - low > 1:
+        middle = (low + high) // 2
+        if _readable(cells[low:middle]):
+            low = middle
+        else:
+            high = middle
+    return low
+
+
+def _readable(cells: list[str]) -> bool:
+    """Whether pandas reads every one of ``cells`` as a float64 (or a missing value), as the reader does."""
+    text = io.StringIO()
+    csv.writer(text).writerows([cell] for cell in cells)
+    try:
+        pd.read_csv(
+            io.StringIO(text.getvalue()),
+            header=None,
+            dtype="float64",
+            keep_default_na=False,
+            na_values=NA_CELLS,
+            skip_blank_lines=False,
+        )
+    except ValueError:
+        return False
+    return True

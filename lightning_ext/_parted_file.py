@@ -133,8 +133,10 @@ def _base_and_parts(
         base: bytes | None = fs.cat_file(path)
     except FileNotFoundError:
         base = None
-    token = _token(base or b"")
     names = _all_parts(fs, path) if parts is None else parts
+    if not names:
+        return base, []  # no digest of the file to compute (it is the whole of a large file)
+    token = _token(base or b"")
     numbered = sorted((number, name) for name in names for mark, number in [_part_key(name)] if mark == token)
     return base, [(name, fs.cat_file(name)) for _, name in numbered]
 

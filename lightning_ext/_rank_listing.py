@@ -3,7 +3,8 @@
 One listing (a glob) finds them all: for the template ``rank_{rank}/metrics.csv``, ``rank_<r>/metrics.csv`` (the
 file), ``rank_<r>/metrics.csv.part-<token>-<n>`` (parts on object stores, see :mod:`lightning_ext._parted_file`),
 ``rank_<r>/metrics.csv.incomplete`` and ``rank_<r>_metrics.csv.incomplete`` (markers, see
-:mod:`lightning_ext._incomplete`). A rank is spelled as Python writes an int: ``rank_01`` is not rank 1's.
+:mod:`lightning_ext._incomplete`), and ``rank_<r>/metrics.csv.<n>`` (files an earlier run left, moved aside by the
+writer). A rank is spelled as Python writes an int: ``rank_01`` is not rank 1's.
 """
 
 import os
@@ -30,6 +31,8 @@ class RankFiles:
     files: dict[int, str] = field(default_factory=dict)
     parts: dict[int, list[str]] = field(default_factory=dict)
     markers: dict[int, str] = field(default_factory=dict)
+    rotated: dict[int, list[str]] = field(default_factory=dict)  # earlier runs' files, by their number
+    sizes: dict[str, int] = field(default_factory=dict)  # bytes of each file and part, as listed
 
     @property
     def ranks(self) -> list[int]:
@@ -38,7 +41,7 @@ class RankFiles:
 
 
 def list_rank_files(log_dir: str, filename: str) -> RankFiles:
-    """Every rank's file, parts and marker under ``log_dir`` (a path or an fsspec URL).
+    """Every rank's file, parts, marker and earlier runs' files under ``log_dir`` (a path or an fsspec URL).
 
     Raises:
         FileNotFoundError: ``log_dir`` is not a directory.
@@ -53,9 +56,8 @@ def list_rank_files(log_dir: str, filename: str) -> RankFiles:
     )
     found = RankFiles(fs, shown)
     prefix, suffix = filename.split("{rank}")
-    own = re.compile(
-        re.escape(prefix) + _RANK + re.escape(suffix) + r"(|\.part-[0-9a-f]{16}-[0-9]+|" + re.escape(SUFFIX) + ")"
-    )
+    tails = r"(|\.part-[0-9a-f]{16}-[0-9]+|\.[1-9][0-9]*|" + re.escape(SUFFIX) + ")"
+    own = re.compile(re.escape(prefix) + _RANK + re.escape(suffix) + tails)
     patterns = [_pattern(base, prefix, suffix)]
     flat = None
     if "/" in filename:
@@ -70,14 +72,19 @@ def list_rank_files(log_dir: str, filename: str) -> RankFiles:
             continue
         if (match := own.fullmatch(relative)) is not None:
             rank, tail = int(match[1]), match[2]
+            found.sizes[path] = int(listed[path].get("size") or 0)
             if tail == "":
                 found.files[rank] = path
             elif tail == SUFFIX:
                 found.markers[rank] = path
-            else:
+            elif tail.startswith(".part-"):
                 found.parts.setdefault(rank, []).append(path)
+            else:
+                found.rotated.setdefault(rank, []).append(path)
         elif flat is not None and (match := flat.fullmatch(relative)) is not None:
             fallbacks[int(match[1])] = path
+    for paths in found.rotated.values():
+        paths.sort(key=lambda path: int(path.rsplit(".", 1)[1]))
     for rank, paths in found.parts.items():
         found.files.setdefault(rank, paths[0][: paths[0].rindex(".part-")])
     found.markers = {**fallbacks, **found.markers}  # beside the file first

@@ -2,14 +2,19 @@
 
 Commands:
 
-* ``ranks LOG_DIR [--metric NAME ...] [--plot FILE.png] [--filename TEMPLATE]``: read the per-rank metrics files
-  under ``LOG_DIR`` (a path or an fsspec URL such as ``s3://bucket/run``) and print, for each metric, every rank's
-  last value, their min / max / std across ranks and the most outlying rank; ``--plot`` also draws the per-rank
-  curves (needs ``pip install 'lightning-ext[plot]'``). A rank whose file stopped early is named in a warning line
-  on stderr and in the summary line.
+* ``ranks LOG_DIR [--metric NAME ...] [--step STEP|last] [--top N] [--format text|json|csv] [--ranks SPEC]
+  [--plot FILE.png] [--filename TEMPLATE] [--allow-mixed]``: read the per-rank metrics files under ``LOG_DIR`` (a
+  path or an fsspec URL such as ``s3://bucket/run``) and summarize, for each metric, each rank's last value (or its
+  value at ``--step``). Up to 8 ranks: every rank's value side by side, their min / max / std and the most outlying
+  rank. More: min, median, max, spread and MAD across ranks, and the ``--top`` ranks furthest from the median by a
+  robust z-score. ``--plot`` draws curves or percentile bands and a ranks x steps heatmap (``pip install
+  'lightning-ext[plot]'``). A file that cannot be read is skipped and listed; a rank whose file stopped early or a
+  torn last line is named in a warning line on stderr. Files of more than one run are refused.
 
-Exit codes: 0 success; 1 an error in the data (missing directory, malformed file, unknown metric), reported as one
-line on stderr; 2 a usage error, or ``--plot`` without matplotlib.
+Exit codes: 0 success; 1 an error in the data (missing directory, no readable file, files of more than one run,
+unknown metric), reported as one line on stderr; 2 a usage error, or ``--plot`` without matplotlib.
+
+The command imports neither Lightning nor torch, so it starts in well under a second.
 
 Example:
     >>> main(["ranks", "/no/such/dir"])
@@ -19,18 +24,27 @@ Example:
 
 import argparse
 import importlib
+import json
 import sys
-import warnings
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
-from lightning_ext.rank_metrics import DEFAULT_FILENAME, incomplete_ranks, read_rank_metrics
-from lightning_ext.rank_spread import format_spread, plot_rank_curves, summarize_spread
+import pandas as pd
+
+from lightning_ext._rank_read import ReadReport, Request, read_table
+from lightning_ext._run_check import rank_ranges
+from lightning_ext._spread import MetricSpread
+from lightning_ext._spread_format import furthest_table, spread_records, spreads_csv, stats_table
+from lightning_ext.rank_metrics import DEFAULT_FILENAME
+from lightning_ext.rank_spread import format_spread, plot_rank_curves, summarize_ranks, summarize_spread
 
 __all__ = ["main"]
 
 _PROG = "lightning-ext"
 _PLOT_HINT = "pip install 'lightning-ext[plot]'"
+SIDE_BY_SIDE = 8  # ranks shown side by side; more get the summary at scale
+_ROBUST_Z = "robust z = 0.6745 (value - median) / MAD (mean absolute deviation x 1.2533 when MAD is 0)"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -51,8 +65,9 @@ def _parser() -> argparse.ArgumentParser:
     ranks = commands.add_parser(
         "ranks",
         help="how far the ranks' metrics drift apart",
-        description="For each metric: every rank's last value, their min / max / std across ranks, and the rank"
-        " farthest from their median.",
+        description="For each metric, each rank's last value (or its value at --step) across ranks: side by side up"
+        f" to {SIDE_BY_SIDE} ranks; beyond, min / median / max / spread and the ranks furthest from the median"
+        f" ({_ROBUST_Z}).",
     )
     ranks.add_argument(
         "log_dir", metavar="LOG_DIR", help="the directory that holds rank_<r>/metrics.csv (a path or an fsspec URL)"
@@ -65,15 +80,47 @@ def _parser() -> argparse.ArgumentParser:
         nargs="+",
         help="only these metrics (repeat the option or list several names); default: all",
     )
-    ranks.add_argument("--plot", metavar="FILE.png", type=Path, help=f"also draw per-rank curves ({_PLOT_HINT})")
+    ranks.add_argument(
+        "--step", type=_step, default="last", help="whose value: 'last' (each rank's last value, the default) or a step"
+    )
+    ranks.add_argument("--top", type=_count, default=5, metavar="N", help="ranks named per metric (default: 5)")
+    ranks.add_argument("--format", choices=("text", "json", "csv"), default="text", help="output (default: text)")
+    ranks.add_argument("--ranks", type=_ranks, metavar="SPEC", help="only these ranks, e.g. 0-511,600 (default: all)")
+    ranks.add_argument("--plot", metavar="FILE.png", type=Path, help=f"also draw the ranks' curves ({_PLOT_HINT})")
     ranks.add_argument(
         "--filename",
         default=DEFAULT_FILENAME,
         metavar="TEMPLATE",
         help=f"each rank's file, relative to LOG_DIR, with {{rank}} for the rank (default: {DEFAULT_FILENAME})",
     )
+    ranks.add_argument("--allow-mixed", action="store_true", help="read files of more than one run instead of refusing")
     ranks.set_defaults(run=_run_ranks)
     return parser
+
+
+def _step(text: str) -> int | str:
+    if text == "last":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected 'last' or a step (a whole number), got {text!r}") from None
+
+
+def _count(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
+    return int(text)
+
+
+def _ranks(text: str) -> list[int]:
+    chosen: set[int] = set()
+    for part in text.split(","):
+        first, _, last = part.strip().partition("-")
+        if not first.isdigit() or (last and not last.isdigit()) or (last and int(last) < int(first)):
+            raise argparse.ArgumentTypeError(f"expected ranks such as 0-511,600, got {text!r}")
+        chosen.update(range(int(first), int(last or first) + 1))
+    return sorted(chosen)
 
 
 def _run_ranks(args: argparse.Namespace) -> int:
@@ -83,23 +130,110 @@ def _run_ranks(args: argparse.Namespace) -> int:
         except ImportError:
             print(f"{_PROG} ranks: --plot needs matplotlib: {_PLOT_HINT}", file=sys.stderr)
             return 2
+    step = args.step
+    # only the rows at that step, unless the plot needs every row
+    at = step if isinstance(step, int) and args.plot is None else None
+    request = Request.checked(
+        args.metrics, args.ranks, at, at, skip_bad_files=True, allow_mixed=args.allow_mixed, engine=None
+    )
+    report = ReadReport()
     try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            incomplete = incomplete_ranks(args.log_dir, filename=args.filename)
-            table = read_rank_metrics(args.log_dir, filename=args.filename)
-        for warning in caught:
-            print(f"{_PROG} ranks: warning: {warning.message}", file=sys.stderr)
-        summary = summarize_spread(table, metrics=args.metrics)
-        ranks = table["rank"].nunique()
-        stopped = f", incomplete: rank {', '.join(map(str, incomplete))}" if incomplete else ""
-        print(f"{args.log_dir}: {ranks} rank(s), {len(table)} row(s), {len(summary)} metric(s){stopped}")
-        if len(summary):
-            print(format_spread(summary))
+        try:
+            table = read_table(args.log_dir, args.filename, request, report)
+        finally:
+            for kind, note in report.notes:
+                if kind != "skipped" or args.format == "csv":  # text and JSON list the skipped files themselves
+                    print(f"{_PROG} ranks: warning: {note}", file=sys.stderr)
+        if not report.ranks:
+            raise ValueError(f"No rank's file could be read under {args.log_dir}")
+        many = table["rank"].nunique() > SIDE_BY_SIDE
+        spreads = summarize_ranks(table, metrics=args.metrics, step=step, top=args.top)
+        if args.format == "json":
+            print(json.dumps(_document(args, table, spreads, report), indent=1, ensure_ascii=False, allow_nan=False))
+        elif args.format == "csv":
+            print(spreads_csv(spreads, top=args.top), end="")
+        else:
+            _print_text(args, table, spreads, report, many)
         if args.plot is not None:
-            plot_rank_curves(table, args.plot, metrics=args.metrics)
-            print(f"wrote {args.plot}")
+            plot_rank_curves(table, args.plot, metrics=args.metrics, top=args.top)
+            print(f"wrote {args.plot}", file=sys.stderr if args.format != "text" else sys.stdout)
     except (OSError, ValueError) as error:  # FileNotFoundError, RankMetricsError, an unknown metric
         print(f"{_PROG} ranks: error: {error}", file=sys.stderr)
         return 1
     return 0
+
+
+def _print_text(
+    args: argparse.Namespace, table: pd.DataFrame, spreads: list[MetricSpread], report: ReadReport, many: bool
+) -> None:
+    ranks = table["rank"].nunique()
+    incomplete = f", incomplete: rank {', '.join(map(str, report.incomplete))}" if report.incomplete else ""
+    skipped = f", skipped: rank {rank_ranges(report.skipped)}" if report.skipped else ""
+    print(f"{args.log_dir}: {ranks} rank(s), {len(table)} row(s), {len(spreads)} metric(s){incomplete}{skipped}")
+    value = "each rank's last value" if args.step == "last" else f"each rank's value at step {args.step}"
+    if many:
+        print(f"{value}; {_ROBUST_Z}; * marks |z| > 3.5")
+        if spreads:
+            print(stats_table(spreads))
+            furthest = furthest_table(spreads)
+            if furthest:
+                print(f"furthest from the median (at most {args.top} per metric):")
+                print(furthest)
+    else:
+        if args.step != "last":
+            print(value)
+        if spreads:
+            print(format_spread(summarize_spread(table, metrics=args.metrics, step=args.step)))
+    for note in _notes(report):
+        listed = [f"rank {rank} ({detail})" for rank, detail in note.entries]
+        more = f"; and {len(listed) - args.top} more (--format json lists them all)" if len(listed) > args.top else ""
+        print(f"{note.title}: {'; '.join(listed[: args.top])}{more}")
+
+
+@dataclass(frozen=True)
+class _Note:
+    """Ranks the summary leaves out, or that it should be read with: a JSON key, a heading, ``(rank, detail)``."""
+
+    key: str
+    title: str
+    entries: list[tuple[int, str]]
+
+
+def _notes(report: ReadReport) -> list[_Note]:
+    notes = [
+        _Note("skipped", "skipped", sorted(report.skipped.items())),
+        _Note("missing", "missing", [(rank, "no file") for rank in report.missing]),
+        _Note(
+            "without_rows",
+            "without rows",
+            [
+                (rank, "header only" if info.has_header else "empty file")
+                for rank, info in report.ranks.items()
+                if not info.rows
+            ],
+        ),
+    ]
+    lasts = {rank: info.last_step for rank, info in report.ranks.items() if info.last_step is not None}
+    end = max(lasts.values(), default=0)
+    behind = sorted((step, rank) for rank, step in lasts.items() if step < end)
+    notes.append(
+        _Note("behind", f"behind (the other ranks reach step {end})", [(r, f"last step {s}") for s, r in behind])
+    )
+    earlier = [(rank, ", ".join(paths)) for rank, paths in sorted(report.rotated.items()) if paths]
+    notes.append(_Note("earlier_runs", "earlier runs' files (ignored)", earlier))
+    return [note for note in notes if note.entries]
+
+
+def _document(
+    args: argparse.Namespace, table: pd.DataFrame, spreads: list[MetricSpread], report: ReadReport
+) -> dict[str, object]:
+    return {
+        "log_dir": args.log_dir,
+        "ranks": int(table["rank"].nunique()),
+        "rows": len(table),
+        "value": args.step,
+        "robust_z": _ROBUST_Z,
+        "metrics": spread_records(spreads),
+        "incomplete": [{"rank": rank, "detail": why} for rank, why in sorted(report.incomplete.items())],
+        **{note.key: [{"rank": rank, "detail": detail} for rank, detail in note.entries] for note in _notes(report)},
+    }

@@ -22,6 +22,9 @@ Example:
     1     0     1      1  0.5  0.25
     2     1     0      0  NaN  2.50
     3     1     1      1  0.5  1.25
+    >>> read_rank_metrics(log_dir.name, metrics=["loss"], ranks=[1], min_step=1)  # read less
+       rank  step  epoch  loss
+    0     1     1      1  1.25
     >>> incomplete_ranks(log_dir.name)
     {}
     >>> log_dir.cleanup()
@@ -31,31 +34,31 @@ Example:
 import numbers
 import os
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
+from typing import Literal
 
 import pandas as pd
 
-from lightning_ext._incomplete import describe, parse_marker
+from lightning_ext._incomplete import describe
 from lightning_ext._metrics_csv import (
-    EPOCH,
-    RANK,
     STEP,
     RankMetricsError,
     RankMetricsWarning,
     check_metric_name,
     check_template,
     column_name,
-    parse_chunk,
 )
-from lightning_ext._parted_file import PartedFile, read_chunks
-from lightning_ext._rank_listing import RankFiles, list_rank_files
+from lightning_ext._parted_file import PartedFile
+from lightning_ext._rank_listing import list_rank_files
+from lightning_ext._rank_read import ReadReport, Request, read_markers, read_table
 from lightning_ext._rank_storage import LocalFile, join, split_location
+from lightning_ext._run_check import MixedRunsError
 
 __all__ = [
     "DEFAULT_FILENAME",
+    "MixedRunsError",
     "PerRankMetrics",
     "RankMetricsError",
     "RankMetricsWarning",
@@ -282,44 +285,55 @@ def _number(name: str, value: object, step: int) -> Cell:
     return int(value) if isinstance(value, numbers.Integral) else float(value)
 
 
-def read_rank_metrics(log_dir: StrPath, *, filename: str = DEFAULT_FILENAME) -> pd.DataFrame:
+def read_rank_metrics(
+    log_dir: StrPath,
+    *,
+    filename: str = DEFAULT_FILENAME,
+    metrics: Iterable[str] | None = None,
+    ranks: Iterable[int] | None = None,
+    min_step: int | None = None,
+    max_step: int | None = None,
+    skip_bad_files: bool = False,
+    allow_mixed: bool = False,
+    engine: Literal["pyarrow", "pandas"] | None = None,
+) -> pd.DataFrame:
     """Read every rank's metrics file under ``log_dir`` (a path or an fsspec URL) into one long table.
 
     Args:
         log_dir: the directory holding the per-rank files.
         filename: the files' path relative to ``log_dir``, with ``{rank}`` for the rank.
+        metrics: only these metric columns (as the files name them, e.g. ``"metric:rank"``); ``None``: all.
+        ranks: only these ranks' files; ``None``: every rank found.
+        min_step: only rows with ``step >= min_step``. ``max_step``: only rows with ``step <= max_step``.
+        skip_bad_files: leave out a rank whose file is malformed or unreadable (with a warning) instead of raising.
+        allow_mixed: read files that come from more than one run (see Raises) instead of refusing them.
+        engine: ``"pyarrow"`` (the ``fast`` extra; the default where installed) or ``"pandas"``: the same results.
 
     Returns:
         One row per logged row, ordered by rank then file order. Columns: ``rank`` and ``step`` (int64), ``epoch``
-        (nullable Int64; all missing where no file has it), then one float64 column per metric column of the files,
-        sorted by name (a metric named ``rank`` or ``step`` is the column ``metric:rank`` or ``metric:step``). A
-        metric that a rank never logged is NaN on that rank's rows.
+        (nullable Int64; all missing where no file has it), then one float64 column per metric column of the files
+        (or per name in ``metrics``), sorted by name (a metric named ``rank`` or ``step`` is the column
+        ``metric:rank`` or ``metric:step``). A metric that a rank never logged is NaN on that rank's rows.
 
     Raises:
-        FileNotFoundError: ``log_dir`` does not exist, or holds no per-rank file.
-        RankMetricsError: a file is malformed (the message names the file, line, and column where it applies).
+        FileNotFoundError: ``log_dir`` does not exist, holds no per-rank file, or has no file for a rank in ``ranks``.
+        RankMetricsError: a file is malformed (the message names the file, line, and column where it applies), or
+            (:class:`MixedRunsError`) the files come from more than one run (``docs/per-rank-metrics.md``).
+        ValueError: a name in ``metrics`` is in no file; ``min_step > max_step``; an unknown ``engine``.
+        TypeError: ``metrics`` is a single str, or a rank or step is not an int.
 
-    A :class:`RankMetricsWarning` names each rank whose file stopped early (see :func:`incomplete_ranks`), and each
-    last line cut short by a crash (that line is skipped).
-
+    A :class:`RankMetricsWarning` names each rank whose file stopped early (see :func:`incomplete_ranks`), each last
+    line cut short by a crash (that line is skipped), and each file skipped with ``skip_bad_files``.
     """
     check_template(filename)
-    found = list_rank_files(os.fspath(log_dir), filename)
-    for rank, record in _markers(found).items():
-        where = found.shown(found.files[rank]) if rank in found.files else record.get("file", found.markers[rank])
-        message = f"rank {rank}: {where} is incomplete: {describe(record)} (marker: {found.shown(found.markers[rank])})"
-        warnings.warn(message, RankMetricsWarning, stacklevel=2)
-    if not found.ranks:
-        raise FileNotFoundError(f"No {filename.replace('{rank}', '<r>')} was found under {os.fspath(log_dir)}")
-    frames = []
-    for rank in found.ranks:
-        frame = _read_rank(found, rank)
-        frame.insert(0, RANK, rank)
-        frames.append(frame)
-    table = pd.concat(frames, ignore_index=True)
-    metrics = sorted(set(table.columns) - {RANK, STEP, EPOCH})
-    dtypes = {RANK: "int64", STEP: "int64", EPOCH: "Int64", **dict.fromkeys(metrics, "float64")}
-    return table[[RANK, STEP, EPOCH, *metrics]].astype(dtypes)
+    how = {"skip_bad_files": skip_bad_files, "allow_mixed": allow_mixed, "engine": engine}
+    request = Request.checked(metrics, ranks, min_step, max_step, **how)
+    report = ReadReport()
+    try:
+        return read_table(os.fspath(log_dir), filename, request, report)
+    finally:  # what was found before an error too
+        for _, note in report.notes:
+            warnings.warn(note, RankMetricsWarning, stacklevel=2)
 
 
 def incomplete_ranks(log_dir: StrPath, *, filename: str = DEFAULT_FILENAME) -> dict[int, str]:
@@ -335,21 +349,4 @@ def incomplete_ranks(log_dir: StrPath, *, filename: str = DEFAULT_FILENAME) -> d
 
     """
     check_template(filename)
-    return {rank: describe(record) for rank, record in _markers(list_rank_files(os.fspath(log_dir), filename)).items()}
-
-
-def _markers(found: RankFiles) -> dict[int, dict[str, Any]]:
-    return {
-        rank: parse_marker(found.fs.cat_file(path), found.shown(path)) for rank, path in sorted(found.markers.items())
-    }
-
-
-def _read_rank(found: RankFiles, rank: int) -> pd.DataFrame:
-    chunks = read_chunks(found.fs, found.files[rank], found.parts.get(rank, []))
-    tables = [table for path, data in chunks if (table := parse_chunk(data, found.shown(path))) is not None]
-    if not tables:
-        return pd.DataFrame({STEP: pd.Series(dtype="int64"), EPOCH: pd.Series(dtype="Int64")})
-    table = pd.concat(tables, ignore_index=True) if len(tables) > 1 else tables[0]
-    epoch = table.pop(EPOCH).astype("Int64") if EPOCH in table else pd.Series(pd.NA, index=table.index, dtype="Int64")
-    table.insert(0, EPOCH, epoch)
-    return table.astype({STEP: "int64"})
+    return {rank: describe(record) for rank, (record, _) in read_markers(list_rank_files(os.fspath(log_dir), filename))}

@@ -1,0 +1,182 @@
+"""The rows of a per-rank file parsed fast (pyarrow's CSV reader, else pandas' C parser), with the exact checks kept.
+
+A per-rank file's data rows hold numbers only, one row per line. The fast path hands the data lines to the engine,
+which counts the fields of every row (pyarrow does; for pandas, :func:`_pandas` checks them) and converts the
+cells: ``step`` to int64 (and ``epoch``, with pyarrow; NaN where missing), the other columns to float64. Anything
+unusual sends the file down the exact path instead, the row-by-row checks of :mod:`lightning_ext._metrics_csv`
+(:func:`parse_exact`), which name the file, line and column of a problem: a quote anywhere in the data (quoting is
+for names), a row of another length, a cell the engine cannot convert, a NaN spelled otherwise than ``nan``
+(pyarrow reads ``-nan``, pandas does not), or, found by the caller's checks of ``step``, a blank line (the engines
+read it as a row of missing cells). So both engines return the same arrays and raise the same errors; only the
+time differs. Only the columns asked for are converted, and only their cells are checked to be numbers.
+
+Example:
+    >>> layout = split_file(b"loss,step\\r\\n0.5,0\\r\\n,1\\r\\n", "f.csv")
+    >>> layout.header, layout.first_line
+    (['loss', 'step'], 2)
+    >>> [column.tolist() for column in parse(layout, ["step", "loss"], "pandas")]
+    [[0, 1], [0.5, nan]]
+    >>> [column.tolist() for column in parse_exact(layout, ["step", "loss"])]
+    [[0, 1], [0.5, nan]]
+
+"""
+
+import importlib.util
+import io
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from numpy.typing import NDArray
+
+from lightning_ext._metrics_csv import EPOCH, NA_CELLS, STEP, decode, parse_body, split_header
+
+__all__ = ["BLOCK_BYTES", "ENGINES", "Layout", "default_engine", "parse", "parse_exact", "parse_pieces", "split_file"]
+
+ENGINES = ("pyarrow", "pandas")
+BLOCK_BYTES = 1 << 18  # pyarrow parses blocks of this size in parallel, so one file keeps every core busy
+
+
+class _Unusual(Exception):
+    """The fast path does not apply to these bytes: take the exact path (which names any problem)."""
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One file's (or part's) bytes, split: its header, and where its complete data lines are."""
+
+    where: str
+    header: list[str]
+    data: bytes
+    start: int  # the data lines are data[start:end]: after the header, up to the last line end
+    end: int
+    first_line: int  # the line number of the first data line
+
+    @property
+    def body(self) -> memoryview:
+        return memoryview(self.data)[self.start : self.end]
+
+
+def default_engine() -> str:
+    """``"pyarrow"`` where it is installed (the ``fast`` extra), else ``"pandas"``."""
+    if sys.modules.get("pyarrow", True) is None:  # import blocked
+        return "pandas"
+    try:
+        found = importlib.util.find_spec("pyarrow") is not None
+    except (ImportError, ValueError):
+        found = False
+    return "pyarrow" if found else "pandas"
+
+
+def split_file(data: bytes, where: str) -> Layout:
+    """Split ``data`` into header and complete data lines (a last line without its line end is left out).
+
+    Raises:
+        RankMetricsError: the header is not UTF-8 or not readable as CSV.
+
+    """
+    complete = data.rfind(b"\n") + 1
+    end = data.find(b"\n") + 1
+    line = data[:end]
+    if not end or b'"' in line or line.find(b"\r") not in (-1, end - 2):
+        # a header that spans lines, or is cut short: decode the whole text (rare)
+        header, body, first_line = split_header(decode(data[:complete], where), where)
+        encoded = body.encode("utf-8")
+        return Layout(where, header, encoded, 0, len(encoded), first_line)
+    header, _, _ = split_header(decode(line, where), where)
+    return Layout(where, header, data, end, complete, 2)
+
+
+def parse(layout: Layout, columns: Sequence[str], engine: str) -> list[NDArray[Any]]:
+    """The values of ``columns`` (``step`` first): the fast path where it applies, else :func:`parse_exact`."""
+    return [
+        pieces[0] if len(pieces) == 1 else np.concatenate(pieces) for pieces in parse_pieces(layout, columns, engine)
+    ]
+
+
+def parse_pieces(layout: Layout, columns: Sequence[str], engine: str) -> list[list[NDArray[Any]]]:
+    """:func:`parse`, each column in the pieces the engine made (pyarrow: one per block; no copy to join them)."""
+    if layout.start == layout.end:
+        return [[np.empty(0, dtype=np.int64 if name == STEP else np.float64)] for name in columns]
+    if layout.data.find(b'"', layout.start, layout.end) < 0:
+        try:
+            return _pyarrow(layout, columns) if engine == "pyarrow" else [[c] for c in _pandas(layout, columns)]
+        except _Unusual:
+            pass
+    return [[array] for array in parse_exact(layout, columns)]
+
+
+def parse_exact(layout: Layout, columns: Sequence[str]) -> list[NDArray[Any]]:
+    """The values of ``columns``, row by row checked (the reference; raises ``RankMetricsError``).
+
+    ``step`` is int64 where every cell reads as one, else float64 (the caller's check then names the cell).
+    """
+    body = decode(bytes(layout.body), layout.where, layout.first_line)
+    table = parse_body(body, layout.header, layout.where, layout.first_line, columns, integer=STEP)
+    return [table[name].to_numpy() for name in columns]
+
+
+def _types(columns: Sequence[str], integers: Sequence[str]) -> dict[str, str]:
+    return {name: "int64" if name in integers else "float64" for name in columns}
+
+
+def _pyarrow(layout: Layout, columns: Sequence[str]) -> list[list[NDArray[Any]]]:
+    import pyarrow as pa
+    import pyarrow.csv as pa_csv
+
+    try:
+        table = pa_csv.read_csv(
+            pa.py_buffer(layout.body),
+            read_options=pa_csv.ReadOptions(column_names=layout.header, block_size=BLOCK_BYTES),
+            # no quote in these bytes (checked): the tokenizer need not look for one
+            parse_options=pa_csv.ParseOptions(ignore_empty_lines=False, quote_char=False),
+            convert_options=pa_csv.ConvertOptions(
+                # ints where every cell is one (epoch: NaN where missing), floats for the metrics
+                column_types={name: pa.type_for_alias(kind) for name, kind in _types(columns, (STEP, EPOCH)).items()},
+                include_columns=list(columns),
+                null_values=NA_CELLS,
+                strings_can_be_null=True,
+            ),
+            memory_pool=pa.system_memory_pool(),  # returned to the system when freed, unlike pyarrow's own pool
+        )
+    except pa.ArrowException as error:
+        raise _Unusual(str(error)) from error
+    values = []
+    for name in columns:
+        column = table.column(name)
+        # a view of each block's values where no cell is missing, else a copy with NaN for the missing ones
+        pieces = [chunk.to_numpy(zero_copy_only=False) for chunk in column.chunks]
+        nans = sum(int(np.count_nonzero(np.isnan(piece))) for piece in pieces if piece.dtype.kind == "f")
+        if nans != column.null_count:
+            # pyarrow reads "-nan" or "+nan" as NaN where pandas refuses them: let the exact path decide
+            raise _Unusual("a NaN spelled otherwise than 'nan'")
+        values.append(pieces)
+    return values
+
+
+def _pandas(layout: Layout, columns: Sequence[str]) -> list[NDArray[Any]]:
+    body = bytes(layout.body)
+    header = layout.header
+    try:
+        # no names and no usecols: then the C parser refuses a row longer than the first (it would cut it silently)
+        table = pd.read_csv(
+            io.BytesIO(body),
+            header=None,
+            dtype={index: "int64" if name == STEP else "float64" for index, name in enumerate(header)},
+            keep_default_na=False,
+            na_values=NA_CELLS,
+            skip_blank_lines=False,
+            engine="c",
+        )
+    except (ValueError, pd.errors.ParserError) as error:
+        raise _Unusual(str(error)) from error
+    # it pads a shorter row: with no row longer than the first, as many commas as rows x (fields - 1) leave none
+    # shorter; as many rows as line feeds leave no lone carriage return (a line end to the engine)
+    if table.shape[1] != len(header) or len(table) != body.count(b"\n"):
+        raise _Unusual("field or row counts")
+    if body.count(b",") != len(table) * (len(header) - 1):
+        raise _Unusual("field counts")
+    return [table[header.index(name)].to_numpy() for name in columns]

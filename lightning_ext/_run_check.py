@@ -1,0 +1,127 @@
+"""Whether the per-rank files under a log directory come from one run; a clear refusal when they do not.
+
+A directory that mixes runs (a rank's file left by an earlier run with more ranks, a file copied in from another
+run) would be summarized as if all ranks ran together. Three rules, each from evidence that one run cannot produce
+(``docs/per-rank-metrics.md``, "A mix of runs"):
+
+1. **Moved-aside files.** A writer that finds a rank's file from an earlier run moves it to ``<file>.<n>``. Every rank
+   of one run starts its writer in the same directory, so all of them find the same number of earlier runs. Ranks
+   whose highest ``<n>`` differs (``rank_0/metrics.csv.1`` but no ``rank_5/metrics.csv.1``) hold files of different
+   runs.
+2. **No metric in common.** Every rank of one run logs the same names (rank 0 may add ``rank_zero_only`` ones, a rank
+   that stopped early may lack later ones). A file with rows whose metrics share none with the most common set of
+   metrics is another run's.
+3. **Another first step.** Every rank of one run logs its first row at the same step (a resumed run keeps the earlier
+   rows). A file whose first step differs from the most common first step is another run's.
+
+Example:
+    >>> rank_ranges([0, 1, 2, 3, 7, 9, 10])
+    '0-3, 7, 9-10'
+
+"""
+
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from lightning_ext._metrics_csv import RankMetricsError
+
+__all__ = ["MixedRunsError", "RankInfo", "check_one_run", "check_rotations", "rank_ranges"]
+
+_NAMED = 3  # files named per group in a message; the rest are counted
+_FIX = (
+    "Read the ranks of one run (read_rank_metrics(..., ranks=[...]), lightning-ext ranks --ranks ...) or move the other"
+    " run's files away; allow_mixed=True (--allow-mixed) reads them anyway"
+)
+
+
+class MixedRunsError(RankMetricsError):
+    """The per-rank files under a log directory come from more than one run; the message names them."""
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    """One rank's file as read: its rows, first and last step, metric names (not ``step``/``epoch``), header."""
+
+    file: str
+    rows: int
+    first_step: int | None
+    last_step: int | None
+    metrics: frozenset[str]
+    has_header: bool
+
+
+def rank_ranges(ranks: Iterable[int]) -> str:
+    """Ranks written compactly, runs of consecutive ranks as ``a-b``."""
+    ordered = sorted(set(ranks))
+    parts: list[str] = []
+    start = previous = None
+    for rank in [*ordered, None]:
+        if previous is not None and rank == previous + 1:
+            previous = rank
+            continue
+        if start is not None and previous is not None:
+            parts.append(str(start) if start == previous else f"{start}-{previous}")
+        start = previous = rank
+    return ", ".join(parts)
+
+
+def check_rotations(files: Mapping[int, str], rotated: Mapping[int, list[str]], log_dir: str) -> None:
+    """Rule 1: every rank's file was moved aside the same number of times (``rotated`` lists them, by number)."""
+    generation = {rank: _number(rotated[rank][-1]) if rotated.get(rank) else 0 for rank in files}
+    if len(set(generation.values())) < 2:
+        return
+    groups = []
+    for count in sorted(set(generation.values()), reverse=True):
+        ranks = [rank for rank in files if generation[rank] == count]
+        if count:
+            named = [rotated[rank][-1] for rank in ranks]
+            groups.append(f"ranks {rank_ranges(ranks)} have earlier runs' files up to .{count} ({_names(named)})")
+        else:
+            named = [files[rank] for rank in ranks]
+            groups.append(
+                f"ranks {rank_ranges(ranks)} have none, so their files may be an earlier run's ({_names(named)})"
+            )
+    raise MixedRunsError(
+        f"{log_dir} holds files of more than one run: a new run moves each rank's file aside (<file>.<n>), but "
+        + "; ".join(groups)
+        + f". {_FIX}"
+    )
+
+
+def check_one_run(ranks: Mapping[int, RankInfo], log_dir: str) -> None:
+    """Rules 2 and 3: the ranks share metrics and their first step."""
+    reasons = []
+    sets = {rank: info.metrics for rank, info in ranks.items() if info.metrics and info.rows}
+    if sets:
+        common = Counter(sets.values()).most_common(1)[0][0]
+        apart = [rank for rank, names in sets.items() if names.isdisjoint(common)]
+        if apart:
+            shared = [rank for rank, names in sets.items() if names == common]
+            theirs, its = (_names(sorted(map(repr, names))) for names in (common, sets[apart[0]]))
+            reasons.append(
+                f"{_names([ranks[rank].file for rank in apart])} share no metric with rank(s) {rank_ranges(shared)}"
+                f" (theirs: {theirs}; {its} in {ranks[apart[0]].file})"
+            )
+    firsts = {rank: info.first_step for rank, info in ranks.items() if info.first_step is not None}
+    if firsts:
+        common_first = Counter(firsts.values()).most_common(1)[0][0]
+        apart = [rank for rank, step in firsts.items() if step != common_first]
+        if apart:
+            shared = [rank for rank, step in firsts.items() if step == common_first]
+            starts = ", ".join(f"{ranks[rank].file} at step {firsts[rank]}" for rank in apart[:_NAMED])
+            more = f" and {len(apart) - _NAMED} more" if len(apart) > _NAMED else ""
+            reasons.append(
+                f"{starts}{more} start(s) at another step than rank(s) {rank_ranges(shared)} (step {common_first})"
+            )
+    if reasons:
+        raise MixedRunsError(f"{log_dir} holds files of more than one run: {'; '.join(reasons)}. {_FIX}")
+
+
+def _number(path: str) -> int:
+    return int(path.rsplit(".", 1)[1])
+
+
+def _names(names: list[str]) -> str:
+    shown = ", ".join(names[:_NAMED])
+    return shown + (f" and {len(names) - _NAMED} more" if len(names) > _NAMED else "")

@@ -1,0 +1,128 @@
+"""The summary across ranks (:func:`lightning_ext.rank_spread.summarize_ranks`) as text, JSON records or CSV.
+
+Text: one table of statistics per metric, then one of the ranks furthest from the median (``*`` marks ``|z| > 3.5``),
+6 significant digits. JSON: finite numbers as numbers, NaN as ``null``, infinities as the strings ``"inf"`` and
+``"-inf"`` (strict JSON has no NaN or infinity). CSV: one row per metric, every number exact (``repr``), empty for
+NaN, the furthest ranks as ``furthest_<i>_rank``, ``_value``, ``_step``, ``_robust_z`` columns.
+
+Example:
+    >>> spread = MetricSpread("loss", 3, (), 1.0, 1.0, 9.0, 8.0, 0.0, "mean absolute deviation",
+    ...                       (RankValue(2, 9.0, 10, 2.3937),))
+    >>> print(furthest_table([spread]))
+    metric  rank  value  step  robust z
+    loss       2      9    10     +2.39
+    >>> print(spreads_csv([spread], top=1), end="")
+    metric,ranks,missing_ranks,min,median,max,spread,mad,z_scale,furthest_1_rank,furthest_1_value,furthest_1_step,furthest_1_robust_z
+    loss,3,,1.0,1.0,9.0,8.0,0.0,mean absolute deviation,2,9.0,10,2.3937
+
+"""
+
+import csv
+import io
+import math
+from typing import Any
+
+import pandas as pd
+
+from lightning_ext._spread import MetricSpread, RankValue
+
+__all__ = ["OUTLIER", "furthest_table", "json_number", "spread_records", "spreads_csv", "stats_table"]
+
+OUTLIER = 3.5  # |robust z| beyond which a value is an outlier (Iglewicz and Hoaglin)
+_ESCAPES = str.maketrans({"\n": "\\n", "\r": "\\r", "\t": "\\t"})
+_SCALES = {"MAD": "MAD", "mean absolute deviation": "mean AD", "none": "none"}
+
+
+def stats_table(spreads: list[MetricSpread]) -> str:
+    """Per metric: ranks with a value, min, median, max, spread, MAD, and what the z-scores were divided by."""
+    rows = [
+        {
+            "metric": spread.metric.translate(_ESCAPES),
+            "ranks": spread.ranks,
+            "min": spread.min,
+            "median": spread.median,
+            "max": spread.max,
+            "spread": spread.spread,
+            "MAD": spread.mad,
+            "z scale": _SCALES[spread.scale],
+        }
+        for spread in spreads
+    ]
+    return _fixed_width(pd.DataFrame(rows))
+
+
+def furthest_table(spreads: list[MetricSpread]) -> str:
+    """The ranks furthest from the median, per metric, largest ``|z|`` first; ``""`` if none differs."""
+    rows = [
+        {
+            "metric": spread.metric.translate(_ESCAPES),
+            "rank": far.rank,
+            "value": far.value,
+            "step": far.step,
+            "robust z": f"{far.robust_z:+.3g}" + (" *" if abs(far.robust_z) > OUTLIER else ""),
+        }
+        for spread in spreads
+        for far in spread.furthest
+    ]
+    return _fixed_width(pd.DataFrame(rows)) if rows else ""
+
+
+def spread_records(spreads: list[MetricSpread]) -> list[dict[str, Any]]:
+    """One JSON-ready record per metric (see the module's note on NaN and infinities)."""
+    return [
+        {
+            "metric": spread.metric,
+            "ranks": spread.ranks,
+            "missing_ranks": list(spread.missing),
+            **{name: json_number(getattr(spread, name)) for name in ("min", "median", "max", "spread", "mad")},
+            "z_scale": spread.scale,
+            "furthest": [
+                {
+                    "rank": far.rank,
+                    "value": json_number(far.value),
+                    "step": far.step,
+                    "robust_z": json_number(far.robust_z),
+                }
+                for far in spread.furthest
+            ],
+        }
+        for spread in spreads
+    ]
+
+
+def spreads_csv(spreads: list[MetricSpread], *, top: int) -> str:
+    """One CSV row per metric, with ``top`` groups of ``furthest_<i>_*`` columns (empty where there are fewer)."""
+    text = io.StringIO()
+    writer = csv.writer(text, lineterminator="\n")
+    furthest = [f"furthest_{i}_{what}" for i in range(1, top + 1) for what in ("rank", "value", "step", "robust_z")]
+    writer.writerow(["metric", "ranks", "missing_ranks", "min", "median", "max", "spread", "mad", "z_scale", *furthest])
+    for spread in spreads:
+        stats = [_exact(getattr(spread, name)) for name in ("min", "median", "max", "spread", "mad")]
+        cells: list[object] = [spread.metric, spread.ranks, " ".join(map(str, spread.missing)), *stats, spread.scale]
+        for index in range(top):
+            far: RankValue | None = spread.furthest[index] if index < len(spread.furthest) else None
+            cells += ["", "", "", ""] if far is None else [far.rank, _exact(far.value), far.step, _exact(far.robust_z)]
+        writer.writerow(cells)
+    return text.getvalue()
+
+
+def json_number(value: float) -> float | str | None:
+    """A float for strict JSON: itself if finite, ``None`` for NaN, ``"inf"`` or ``"-inf"``."""
+    if math.isnan(value):
+        return None
+    if math.isinf(value):
+        return "inf" if value > 0 else "-inf"
+    return value
+
+
+def _exact(value: float) -> str:
+    return "" if math.isnan(value) else repr(float(value))
+
+
+def _fixed_width(frame: pd.DataFrame) -> str:
+    # names padded to one width, so that they are left-aligned under a left-aligned header
+    width = max(len(name) for name in [*frame["metric"], "metric"])
+    frame = frame.rename(columns={"metric": "metric".ljust(width)})
+    frame[frame.columns[0]] = [name.ljust(width) for name in frame[frame.columns[0]]]
+    text: str = frame.to_string(index=False, float_format="{:.6g}".format, na_rep="-")
+    return text
