@@ -44,7 +44,7 @@ __all__ = [
 
 LINES = 8  # ranks drawn one line each; more get percentile bands
 CURVE_POINTS = 500  # points per curve, at most (runs of steps are averaged)
-HEATMAP_ROWS = 128  # beyond, a cell holds several ranks (so that one rank is still a visible line)
+HEATMAP_ROWS = 64  # beyond, a cell holds several ranks: a cell stays >= 5 px high, so one odd rank shows
 HEATMAP_COLUMNS = 600
 BANDS = (2.0, 3.5, 5.0, 10.0, 20.0)  # edges of the colours, in |robust z|; the last also caps |z|
 _ESCAPES = str.maketrans({"\n": "\\n", "\r": "\\r", "\t": "\\t"})
