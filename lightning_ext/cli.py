@@ -25,6 +25,7 @@ Example:
 import argparse
 import importlib
 import json
+import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -157,6 +158,9 @@ def _run_ranks(args: argparse.Namespace) -> int:
         if args.plot is not None:
             plot_rank_curves(table, args.plot, metrics=args.metrics, top=args.top)
             print(f"wrote {args.plot}", file=sys.stderr if args.format != "text" else sys.stdout)
+    except BrokenPipeError:  # `| head` closed the pipe: stop quietly, as other command-line tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the interpreter's final flush goes nowhere
+        return 1
     except (OSError, ValueError) as error:  # FileNotFoundError, RankMetricsError, an unknown metric
         print(f"{_PROG} ranks: error: {error}", file=sys.stderr)
         return 1

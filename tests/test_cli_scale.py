@@ -171,3 +171,18 @@ def test_the_command_starts_without_lightning_or_torch_and_quickly(log_dir):
     assert (code, heavy.strip()) == ("0", "[]"), process.stderr
     # importing torch alone takes longer than this here; the benchmark measures the start properly
     assert float(inside) < 3.0 and wall < 6.0, (inside, wall)
+
+
+@pytest.mark.timeout(120)
+def test_a_closed_pipe_ends_the_command_quietly(log_dir):
+    """``lightning-ext ranks DIR | head -1``: the reader went away before the output; no traceback, no error line."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # closed before the command writes, so its first write meets a broken pipe
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    try:
+        command = [sys.executable, "-m", "lightning_ext", "ranks", str(log_dir), "--format", "json"]
+        process = subprocess.run(command, stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=120, env=env)
+    finally:
+        os.close(write_end)
+    assert process.returncode == 1
+    assert process.stderr == ""
