@@ -2,11 +2,6 @@
 
 ``python -m lightning_ext.patches check|apply|revert [--target DIR] [--series DIR]``, or the functions here (see
 ``patches/README.md``); ``git apply`` does the patch work. :func:`patch_mode` imports Lightning: it loads on first use.
-
-Example:
-    >>> from lightning_ext import patches
-    >>> print(patches.check(target="/path/to/site-packages/lightning").format())  # doctest: +SKIP
-
 """
 
 from typing import TYPE_CHECKING, Any

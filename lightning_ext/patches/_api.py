@@ -165,10 +165,9 @@ def revert(*, target: Path | str | None = None, series: Path | str | None = None
 
 
 def _plan(target: Path | str | None, series: Path | str | None) -> tuple[SeriesReport, _Files, _Files, _Files]:
-    directory = _series.default_target() if target is None else Path(target)
+    directory = (_series.default_target() if target is None else Path(target)).resolve()
     if not (directory / "__init__.py").is_file():
         raise PatchError(f"the target {directory} is not a 'lightning' package directory (no __init__.py)")
-    directory = directory.resolve()
     patches = _series.load_series(series_dir := _series.find_series(directory) if series is None else Path(series))
     files = {hunk.file: _inside(directory, hunk.file, patch.name) for patch in patches for hunk in patch.hunks}
     if len(set(files.values())) < len(files):

@@ -18,8 +18,6 @@ from pathlib import Path, PurePosixPath
 from unidiff.errors import UnidiffParseError
 from unidiff.patch import PatchSet
 
-import lightning_ext
-
 __all__ = ["Hunk", "Patch", "PatchError", "default_target", "find_series", "load_series", "patches_root"]
 
 ENCODING, ERRORS = "utf-8", "surrogateescape"  # undecodable bytes survive a decode/encode round trip
@@ -52,7 +50,7 @@ class Patch:
 
 def patches_root() -> Path:
     """Where the series live: ``lightning_ext/_series`` in a wheel (see pyproject.toml), else ``<checkout>/patches``."""
-    package = Path(lightning_ext.__file__).resolve().parent
+    package = Path(__file__).resolve().parents[1]
     return package / "_series" if (package / "_series").is_dir() else package.parent / "patches"
 
 
