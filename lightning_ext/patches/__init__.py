@@ -1,19 +1,12 @@
 """Check, apply and revert the ``git format-patch`` series that writes lightning-ext's seams into Lightning's sources.
 
-``python -m lightning_ext.patches check|apply|revert [--target DIR] [--series DIR]``, or the functions here; see
-``patches/README.md``. The series ships with the package; ``git apply`` (git on ``PATH``) does the patch work.
-:func:`patch_mode` (``"native"`` on a patched Lightning, else ``"runtime"``) imports Lightning: it loads on first use.
-
-Example:
-    >>> from lightning_ext import patches
-    >>> print(patches.check(target="/path/to/site-packages/lightning").format())  # doctest: +SKIP
-
+``python -m lightning_ext.patches check|apply|revert [--target DIR] [--series DIR]``, or the functions here (see
+``patches/README.md``); ``git apply`` does the patch work. :func:`patch_mode` imports Lightning: it loads on first use.
 """
 
 from typing import TYPE_CHECKING, Any
 
-from lightning_ext.patches._api import apply, check, revert
-from lightning_ext.patches._report import SeriesNotApplicableError, SeriesReport
+from lightning_ext.patches._api import SeriesNotApplicableError, SeriesReport, apply, check, revert
 from lightning_ext.patches._series import PatchError
 
 if TYPE_CHECKING:

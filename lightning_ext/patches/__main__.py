@@ -9,9 +9,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from lightning_ext.patches._api import apply, check, revert
-from lightning_ext.patches._report import SeriesNotApplicableError
-from lightning_ext.patches._series import PatchError
+from lightning_ext.patches import PatchError, SeriesNotApplicableError, apply, check, revert
 
 __all__ = ["main"]
 

@@ -3,7 +3,7 @@
 Only edits of existing text files under ``lightning/`` are accepted; every path is checked before any file is read.
 
 Example:
-    >>> package_path("b/lightning/../../etc/x", patch="0001-x.patch")
+    >>> _package_file("b/lightning/../../etc/x", "0001-x.patch")
     Traceback (most recent call last):
     ...
     lightning_ext.patches._series.PatchError: 0001-x.patch: refusing path 'b/lightning/../../etc/x': it contains '..'
@@ -18,8 +18,6 @@ from pathlib import Path, PurePosixPath
 from unidiff.errors import UnidiffParseError
 from unidiff.patch import PatchSet
 
-import lightning_ext
-
 __all__ = ["Hunk", "Patch", "PatchError", "default_target", "find_series", "load_series", "patches_root"]
 
 ENCODING, ERRORS = "utf-8", "surrogateescape"  # undecodable bytes survive a decode/encode round trip
@@ -31,13 +29,12 @@ class PatchError(Exception):
 
 @dataclass(frozen=True)
 class Hunk:
-    """One hunk: its file (``lightning/...``) and header as written, a single-hunk ``diff`` that git applies once the
-    file's earlier hunks are in, and the lines it ``expected`` from line ``start`` on, in that numbering."""
+    """A hunk: its file and header as written, a single-hunk ``diff`` for git, and the lines it ``expected``."""
 
     file: str
     header: str
     diff: str
-    start: int
+    start: int  # where ``expected`` starts, once the file's earlier hunks are in
     expected: tuple[str, ...]
 
 
@@ -53,7 +50,7 @@ class Patch:
 
 def patches_root() -> Path:
     """Where the series live: ``lightning_ext/_series`` in a wheel (see pyproject.toml), else ``<checkout>/patches``."""
-    package = Path(lightning_ext.__file__).resolve().parent
+    package = Path(__file__).resolve().parents[1]
     return package / "_series" if (package / "_series").is_dir() else package.parent / "patches"
 
 
@@ -93,20 +90,18 @@ def load_series(directory: Path) -> tuple[Patch, ...]:
     return tuple(_parse(path.read_bytes().decode(ENCODING, ERRORS), name=path.name) for path in files)
 
 
-def package_path(raw: str, *, patch: str) -> PurePosixPath:
-    """The path inside the package that ``a/lightning/...`` names; refused if it could lead outside the package."""
+def _package_file(raw: str, patch: str) -> str:
     rest = raw[2:] if raw[:2] in ("a/", "b/") else raw
-    parts = PurePosixPath(rest).parts
     if raw.startswith('"') or "\\" in raw:
         reason = "quoted or escaped file names are not supported"
     elif rest.startswith("/"):
         reason = "it is absolute"
-    elif ".." in parts:
+    elif ".." in (parts := PurePosixPath(rest).parts):
         reason = "it contains '..'"
     elif raw[:2] not in ("a/", "b/") or len(parts) < 2 or parts[0] != "lightning":
         reason = "it is not a file inside 'lightning/'"
     else:
-        return PurePosixPath(*parts[1:])
+        return "/".join(parts)
     raise PatchError(f"{patch}: refusing path {raw!r}: {reason}")
 
 
@@ -130,13 +125,13 @@ def _parse(text: str, *, name: str) -> Patch:
         }
         if kind := next((kind for kind, found in unsupported.items() if found), None):
             raise PatchError(f"{name}: {patched.path}: {kind} is not supported (only edits of text files are)")
-        path, _ = package_path(patched.source_file, patch=name), package_path(patched.target_file, patch=name)
+        file, _ = _package_file(patched.source_file, name), _package_file(patched.target_file, name)
         shift = 0  # the lines that the file's earlier hunks add
         for hunk in patched:
             old, new = f"{hunk.source_start + shift},{hunk.source_length}", f"{hunk.target_start},{hunk.target_length}"
-            single = f"--- a/lightning/{path}\n+++ b/lightning/{path}\n@@ -{old} +{new} @@\n{''.join(map(str, hunk))}"
+            single = f"--- a/{file}\n+++ b/{file}\n@@ -{old} +{new} @@\n{''.join(map(str, hunk))}"
             expected = tuple(line.value for line in hunk if line.line_type in (" ", "-"))
-            hunks.append(Hunk(f"lightning/{path}", next(headers), single, hunk.source_start + shift, expected))
+            hunks.append(Hunk(file, next(headers), single, hunk.source_start + shift, expected))
             shift += hunk.target_length - hunk.source_length
     subject = re.search(r"^Subject: (?:\[[^]]*\] *)?(.*(?:\n[ \t].*)*)", text[: start.start()], re.MULTILINE)
     return Patch(name, " ".join(subject[1].split()) if subject else "", diff, tuple(hunks))
