@@ -13,6 +13,7 @@ collective, nothing per step). Two kinds of mail reach it:
 The error board is one store key, written once (the first error wins), so every rank reports the same error.
 """
 
+import contextlib
 import hashlib
 import json
 import sys
@@ -30,6 +31,7 @@ from lightning_ext import _collective
 __all__ = ["ErrorRecord", "Location", "Watchdog"]
 
 _ANSWER_TIMEOUT = timedelta(seconds=5)
+_STOP_WAIT = timedelta(seconds=10)
 _IDLE_WAIT = timedelta(hours=24)  # the thread sleeps in the store until mail arrives; stop() sends mail
 _STDLIB = Path(sysconfig.get_paths()["stdlib"]).as_posix()
 # installed packages (torch's site-packages) and lightning-ext itself, wherever it lives
@@ -38,6 +40,7 @@ _PACKAGES = tuple(
     for module, levels in ((sys.modules.get("torch"), 1), (sys.modules.get("lightning_ext"), 0))
     if module is not None and module.__file__ is not None
 )
+_USER_CODE_SHIPPED = ("/lightning_ext/_demo_hang.py",)  # the demo's model plays the user's code
 
 
 @dataclass(frozen=True)
@@ -111,8 +114,14 @@ class Watchdog:
         self._thread.start()
 
     def stop(self) -> None:
-        """Let the thread end (it reads its mailbox once more)."""
-        self._mail(self.rank, {"type": "stop"})
+        """End the thread and wait for it.
+
+        A daemon thread still inside a torch call when the interpreter exits aborts the process ("terminate called
+        without an active exception"), so the thread must be gone before the run returns.
+        """
+        with contextlib.suppress(Exception):  # the store is gone: the thread's wait fails and it ends by itself
+            self._mail(self.rank, {"type": "stop"})
+        self._thread.join(_STOP_WAIT.total_seconds())
 
     def post(self, record: ErrorRecord) -> ErrorRecord:
         """Post ``record`` unless another error was posted first; wake every watchdog; return the error that won."""
@@ -233,4 +242,4 @@ def _user_frame(stack: traceback.StackSummary) -> str | None:
 
 def _is_library(path: str) -> bool:
     """Installed packages, lightning-ext and the standard library: not where a user's culprit line is."""
-    return path.startswith(("<", _STDLIB, *_PACKAGES))
+    return path.startswith(("<", _STDLIB, *_PACKAGES)) and not path.endswith(_USER_CODE_SHIPPED)

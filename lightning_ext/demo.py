@@ -4,13 +4,16 @@ Run ``python -m lightning_ext.demo`` (or ``make demo``). Each rank validates on 
 without syncing it, as many users do, so the ranks see different numbers. The same training runs under stock
 ``DDPStrategy`` and under ``PolicyDDPStrategy`` with each policy, with ``per_rank_metrics=True``. Rank 0 then reads
 every rank's own values back from the per-rank files (``read_rank_metrics``) and prints, epoch by epoch, every
-rank's value and which runs saved a new best checkpoint (``*``) or stopped (``stop``).
+rank's value and which runs saved a new best checkpoint (``*``) or stopped (``stop``). Last, two pitfalls that
+freeze stock DDP (uneven batches, a synced ``self.log`` on rank 0 only) each run once under ``PolicyDDPStrategy()``,
+and the demo prints the error every rank raised (``--no-pitfalls`` leaves them out).
 """
 
 import argparse
 import logging
 import os
 import shutil
+import textwrap
 import warnings
 from typing import Any
 
@@ -19,6 +22,7 @@ import torch
 from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 from torch.utils.data import DataLoader, TensorDataset
 
+from lightning_ext._demo_hang import PITFALLS, run_pitfall
 from lightning_ext.policies import Quorum
 from lightning_ext.rank_metrics import read_rank_metrics
 from lightning_ext.rank_spread import format_spread, summarize_spread
@@ -173,6 +177,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--devices", type=int, default=3, help="CPU processes (ranks); default 3")
     parser.add_argument("--epochs", type=int, default=10, help="maximum epochs per run; default 10")
     parser.add_argument("--root", default="demo_logs", help="where checkpoints go; default ./demo_logs")
+    parser.add_argument("--no-pitfalls", action="store_true", help="leave out the two pitfalls that freeze stock DDP")
     args = parser.parse_args(argv)
 
     for name in ("lightning.pytorch", "lightning.fabric"):
@@ -197,6 +202,22 @@ def main(argv: list[str] | None = None) -> None:
         defaults = runs["defaults"]["root"]
         print(f"\nspread across ranks of the 'defaults' run (lightning-ext ranks {defaults}):")
         print(format_spread(summarize_spread(read_rank_metrics(defaults), metrics=["val_loss"])))
+        if not args.no_pitfalls:
+            _show_pitfalls(args.devices, os.path.join(args.root, "pitfalls"))
+
+
+def _show_pitfalls(devices: int, root: str) -> None:
+    print("\ntwo pitfalls that freeze stock DDP until its 30-minute timeout, under PolicyDDPStrategy() (checks on):")
+    for pitfall, what in PITFALLS.items():
+        outcomes = run_pitfall(pitfall, devices, os.path.join(root, pitfall))
+        first = min(outcome["at"] for outcome in outcomes)
+        print(f"\n  {pitfall}: {what}")
+        for outcome in outcomes:
+            after = outcome["at"] - first
+            print(f"    rank {outcome['rank']}: {outcome['error']}, raised {after:.1f} s after the first rank")
+        same = len({outcome["message"] for outcome in outcomes}) == 1
+        print("    the message" + (", the same on every rank:" if same else " on rank 0:"))
+        print(textwrap.indent(str(outcomes[0]["message"]), "    | "))
 
 
 if __name__ == "__main__":

@@ -41,3 +41,9 @@ def test_demo_runs_every_policy_and_prints_the_table(tmp_path: Path) -> None:
     assert "spread across ranks" in out
     for rank in range(2):
         assert (tmp_path / "defaults" / f"rank_{rank}" / "metrics.csv").is_file()
+    # the pitfalls: every rank raised the named error, with one message, naming the culprit line
+    pitfalls = out.split("two pitfalls that freeze stock DDP")[1]
+    for error in ("UnevenBatchesError", "DivergentLoggingError"):
+        assert [f"rank {rank}: {error}" in pitfalls for rank in range(2)] == [True, True], pitfalls
+    assert pitfalls.count("the same on every rank") == 2, pitfalls
+    assert "rank 0: 4, rank 1: 6" in pitfalls and "_demo_hang.py:" in pitfalls, pitfalls
