@@ -33,11 +33,15 @@ per row is lightning-ext's per-rank cost alone, without the noise of a step (the
 
 One untimed fit per configuration first counts every ``torch.distributed`` call with
 :func:`lightning_ext._diagnostics.count_collectives`, window by window, so the count per logging step covers exactly
-the timed windows. Then the timed fits run ``repeats`` times; each repeat's fits run back to back (in an order
-rotated every repeat), and the report compares each with the stock fit of its repeat.
+the timed windows. Then the timed fits run ``repeats`` times; each repeat's fits run back to back, in a new random
+order every repeat (seeded), after a garbage collection and an ``os.sync()``, so that no configuration always follows
+the per-rank fit whose row loop has just written and freed many rows; the report compares each fit with the stock fit
+of its repeat.
 """
 
+import gc
 import os
+import random
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, nullcontext
@@ -272,9 +276,11 @@ def run_training(
         result.fit_collectives[config] = dict(sorted(counts.items()))
         result.counted_steps = len(kept)
         progress(batches)
+    order = random.Random(seed)  # the same on every rank
     for repeat in range(repeats):
-        shift = repeat % len(CONFIGS)
-        for config in CONFIGS[shift:] + CONFIGS[:shift]:
+        for config in order.sample(CONFIGS, len(CONFIGS)):
+            gc.collect()
+            os.sync()  # the previous fit's file writes are not written back inside this one's steps
             clock = _StepClock(None)
             root = os.path.join(workdir, f"time-{config}-{repeat}")
             model = _fit(

@@ -47,8 +47,9 @@ _METHOD_NOTES = [
     f" batch-end hooks, the logger connector's log_metrics with the per-rank row, the next batch's fetch); the first"
     f" {SKIP_STEPS} steps of each fit are dropped. Stock (DDPStrategy, seams taken out), per-rank metrics"
     " (PolicyDDPStrategy(per_rank_metrics=True, hang_checks=False)), the default hang checks (PolicyDDPStrategy())"
-    " and the debug checks (hang_checks='debug') run back to back in each repeat, in an order rotated every repeat;"
-    " each is compared with the stock fit of its repeat; median of those ratios.",
+    " and the debug checks (hang_checks='debug') run back to back in each repeat, in a new seeded random order every"
+    " repeat, each after gc.collect() and os.sync(); each is compared with the stock fit of its repeat; median of"
+    " those ratios.",
     "Per-rank row cost: in each timed per-rank fit, after its last timed step, lightning-ext's per-rank row path runs"
     f" {ROW_LOOPS_PER_STEP} x --train-steps times on the fit's own objects (record_update for both logged values,"
     " loggers_for, the per-rank logger's log_metrics and save, flushing to the real file every 100 rows), without"
