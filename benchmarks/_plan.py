@@ -66,7 +66,7 @@ class SessionSpec:
         return f"{self.backend}/{self.device} W={self.world_size}"
 
 
-FULL = Counts(decisions=2000, warmup=200, train_steps=200, repeats=10, seed=0)
+FULL = Counts(decisions=2000, warmup=200, train_steps=200, repeats=20, seed=0)
 SMOKE = Counts(decisions=20, warmup=3, train_steps=6, repeats=1, seed=0)
 
 
