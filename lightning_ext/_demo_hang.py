@@ -30,7 +30,10 @@ def run_pitfall(pitfall: str, devices: int, out_dir: str, timeout: float = 180.0
     os.makedirs(out_dir, exist_ok=True)
     environment = {key: value for key, value in os.environ.items() if key not in _LAUNCH_VARIABLES}
     command = [sys.executable, "-m", "lightning_ext._demo_hang", pitfall, out_dir, "--devices", str(devices)]
-    subprocess.run(command, env=environment, timeout=timeout, check=True, stdout=subprocess.DEVNULL)
+    # Lightning's banners stay out of the demo's output; they are shown if the launch itself fails
+    done = subprocess.run(command, env=environment, timeout=timeout, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"the {pitfall} run failed (exit {done.returncode}):\n{done.stdout}{done.stderr}")
     outcomes = []
     for rank in range(devices):
         with open(os.path.join(out_dir, f"rank_{rank}.json"), encoding="utf-8") as file:
@@ -51,7 +54,8 @@ def _train(pitfall: str, devices: int, out_dir: str) -> None:
             self.layer = torch.nn.Linear(4, 1)
 
         def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-            return self.layer(batch[0]).pow(2).mean()
+            loss: torch.Tensor = self.layer(batch[0]).pow(2).mean()
+            return loss
 
         def validation_step(self, batch: Any, batch_idx: int) -> None:
             self.log("val_loss", self.layer(batch[0]).pow(2).mean(), sync_dist=True)

@@ -13,6 +13,7 @@ collective, nothing per step). Two kinds of mail reach it:
 The error board is one store key, written once (the first error wins), so every rank reports the same error.
 """
 
+import atexit
 import contextlib
 import hashlib
 import json
@@ -21,6 +22,7 @@ import sysconfig
 import threading
 import traceback
 import uuid
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -32,6 +34,7 @@ __all__ = ["ErrorRecord", "Location", "Watchdog"]
 
 _ANSWER_TIMEOUT = timedelta(seconds=5)
 _STOP_WAIT = timedelta(seconds=10)
+_EXIT_WAIT = timedelta(seconds=2)
 _IDLE_WAIT = timedelta(hours=24)  # the thread sleeps in the store until mail arrives; stop() sends mail
 _STDLIB = Path(sysconfig.get_paths()["stdlib"]).as_posix()
 # installed packages (torch's site-packages) and lightning-ext itself, wherever it lives
@@ -112,16 +115,21 @@ class Watchdog:
         self._main = threading.main_thread().ident
         self._thread = threading.Thread(target=self._serve, name=f"lightning-ext-watchdog-{rank}", daemon=True)
         self._thread.start()
+        _LIVE.add(self)
 
-    def stop(self) -> None:
+    def stop(self, wait: timedelta = _STOP_WAIT) -> None:
         """End the thread and wait for it.
 
         A daemon thread still inside a torch call when the interpreter exits aborts the process ("terminate called
-        without an active exception"), so the thread must be gone before the run returns.
+        without an active exception"), so the thread must be gone before the process exits: the strategy's teardown
+        stops it, and an ``atexit`` hook stops any left running (a spawned rank that raised skips the teardown).
         """
+        _LIVE.discard(self)
+        if not self._thread.is_alive():
+            return
         with contextlib.suppress(Exception):  # the store is gone: the thread's wait fails and it ends by itself
             self._mail(self.rank, {"type": "stop"})
-        self._thread.join(_STOP_WAIT.total_seconds())
+        self._thread.join(wait.total_seconds())
 
     def post(self, record: ErrorRecord) -> ErrorRecord:
         """Post ``record`` unless another error was posted first; wake every watchdog; return the error that won."""
@@ -215,6 +223,15 @@ class Watchdog:
 
 def _nothing() -> None:
     return None
+
+
+_LIVE: "weakref.WeakSet[Watchdog]" = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_live_watchdogs() -> None:
+    for watchdog in list(_LIVE):
+        watchdog.stop(_EXIT_WAIT)
 
 
 def _digest(value: object) -> str:
