@@ -11,6 +11,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -21,6 +22,20 @@ LAUNCH_TIMEOUT = 240.0
 _DISTRIBUTED_ENV = (
     *("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT"),
 )
+
+
+def run_benchmark_smoke(module: str, out: Path, timeout: float) -> subprocess.CompletedProcess[str]:
+    """``python -m <module> --smoke --out OUT --machine smoke`` from the repository root, as CI runs it; must exit 0."""
+    process = subprocess.run(
+        [sys.executable, "-m", module, "--smoke", "--out", str(out), "--machine", "smoke"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert process.returncode == 0, process.stdout[-3000:] + process.stderr[-3000:]
+    return process
 
 
 def free_port() -> int:

@@ -7,9 +7,7 @@ deterministic: every policy decision is exactly one collective, and per-rank met
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -21,6 +19,7 @@ from benchmarks._plan import Counts, SessionSpec
 from benchmarks._report import Row, check_targets
 from benchmarks.comm import main
 from lightning_ext import available_policies
+from tests._jobs import run_benchmark_smoke
 
 REPO = Path(__file__).resolve().parent.parent
 POLICIES = ("all", "any", "majority", "rank_zero", "mean", "min", "max")
@@ -36,15 +35,7 @@ ROW_KEYS = {"backend", "device", "world_size", "subject", "median_us", "p90_us",
 def smoke(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
     """One ``--smoke`` run of the whole command, in a subprocess, as CI runs it."""
     out = tmp_path_factory.mktemp("bench")
-    process = subprocess.run(
-        [sys.executable, "-m", "benchmarks.comm", "--smoke", "--out", str(out), "--machine", "smoke"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=150,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-    )
-    assert process.returncode == 0, process.stdout[-3000:] + process.stderr[-3000:]
+    process = run_benchmark_smoke("benchmarks.comm", out, timeout=150)
     return out, process
 
 

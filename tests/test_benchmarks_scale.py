@@ -8,12 +8,11 @@ and the counted file-system work of one writer.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests._jobs import run_benchmark_smoke
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -21,15 +20,7 @@ REPO = Path(__file__).resolve().parent.parent
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_smoke_run_writes_json_markdown_and_png(tmp_path: Path) -> None:
-    process = subprocess.run(
-        [sys.executable, "-m", "benchmarks.scale", "--smoke", "--out", str(tmp_path), "--machine", "smoke"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-    )
-    assert process.returncode == 0, process.stdout[-3000:] + process.stderr[-3000:]
+    run_benchmark_smoke("benchmarks.scale", tmp_path, timeout=240)
     assert sorted(path.name for path in tmp_path.iterdir()) == ["scale-smoke.json", "scale-smoke.md", "scale-smoke.png"]
     assert (tmp_path / "scale-smoke.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     document = json.loads((tmp_path / "scale-smoke.json").read_text(encoding="utf-8"))
