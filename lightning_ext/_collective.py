@@ -32,7 +32,7 @@ __all__ = [
     "is_world",
     "lightning_barrier_skipped",
     "side_group",
-    "start_max_reduce",
+    "start_exchange",
     "store_client",
     "wait_for",
 ]
@@ -103,11 +103,17 @@ def side_group() -> Any:
     return dist.new_group(backend="gloo")
 
 
-def start_max_reduce(row: list[int], group: Any) -> tuple[torch.Tensor, Any]:
-    """Start an element-wise max over ranks of an int64 row on ``group``; returns the tensor and its work handle."""
-    tensor = torch.tensor(row, dtype=torch.int64)
-    work = dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=group, async_op=True)
-    return tensor, work
+def start_exchange(value: int, group: Any, world_size: int) -> tuple[torch.Tensor, Any]:
+    """Start sending ``value`` to every rank of ``group``; returns the tensor that receives every rank's value.
+
+    An all-to-all: every rank's value arrives in one round of messages, where gloo's all-reduce passes a small
+    tensor around its ring in about ``4 x world_size`` dependent steps (and its barrier in ``log2(world_size)``).
+    Element ``r`` of the tensor is rank ``r``'s value, the same tensor on every rank once the work completes.
+    """
+    sent = torch.full((world_size,), value, dtype=torch.int64)
+    received = torch.empty(world_size, dtype=torch.int64)
+    work = dist.all_to_all_single(received, sent, group=group, async_op=True)
+    return received, work
 
 
 def wait_for(work: Any, seconds: float) -> bool:
