@@ -180,6 +180,8 @@ def _verdict(row: Row, targets: list[Target]) -> str:
     if not mine:
         if row.subject.endswith(("/stock", "/stock_stream")):
             return "baseline"
+        if row.subject.endswith("/stock_twin"):
+            return "noise: stock against itself"
         return "diagnostic (CPU time)" if row.subject.startswith("training_step_cpu/") else ""
     return "; ".join(f"{_short(t)} {'met' if t.met else '**missed**'}" for t in mine)
 

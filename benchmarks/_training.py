@@ -9,6 +9,8 @@ the ranks carry ``LOCAL_RANK``/``WORLD_SIZE``/...), with the same small model, d
 * ``hang_checks``: ``PolicyDDPStrategy()``, the default hang checks (each synced ``self.log`` checked in place of
   Lightning's barrier, the batch counts and epoch-end syncs checked once per epoch);
 * ``hang_checks_debug``: ``PolicyDDPStrategy(hang_checks="debug")`` (measured, no target);
+* ``stock_twin``: a second, identical ``stock`` fit, compared with the first: the measurement's own noise, so that a
+  ratio can be read against the ratio of stock to itself in the same run;
 * ``stock_stream`` and ``unsized_checks``: the same data as a stream without ``len`` (an ``IterableDataset`` that
   yields each rank's shard), under stock ``DDPStrategy`` and under ``PolicyDDPStrategy(check_unsized_loaders=True)``
   (one check per batch); the second is compared with the first (measured, no target).
@@ -65,7 +67,15 @@ from lightning_ext._rank_logger import loggers_for
 
 __all__ = ["BASELINES", "CONFIGS", "ROW_LOOPS_PER_STEP", "SKIP_STEPS", "TrainingResult", "run_training"]
 
-CONFIGS = ("stock", "per_rank_metrics", "hang_checks", "hang_checks_debug", "stock_stream", "unsized_checks")
+CONFIGS = (
+    "stock",
+    "stock_twin",
+    "per_rank_metrics",
+    "hang_checks",
+    "hang_checks_debug",
+    "stock_stream",
+    "unsized_checks",
+)
 BASELINES = {"unsized_checks": "stock_stream"}  # what a configuration is compared with, if not "stock"
 _OPTIONS: dict[str, dict[str, Any]] = {
     "per_rank_metrics": {"per_rank_metrics": True, "hang_checks": False},

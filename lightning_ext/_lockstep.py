@@ -108,7 +108,7 @@ class Lockstep:
             row, work = _collective.start_exchange(fingerprint, self.group, self.world_size)
         if not _collective.wait_for(work, _FIRST_WAIT):
             self._wait_long(work, point)
-        fingerprints = row.tolist()
+        fingerprints: list[int] = row.tolist()
         return min(fingerprints) == max(fingerprints)
 
     def require(self, point: Point, position: int = 0, label: str = "") -> None:

@@ -24,7 +24,15 @@ from tests._jobs import run_benchmark_smoke
 REPO = Path(__file__).resolve().parent.parent
 POLICIES = ("all", "any", "majority", "rank_zero", "mean", "min", "max")
 DECISION_SUBJECTS = {f"{path}/{name}" for path in ("checkpoint", "early_stopping") for name in ("stock", *POLICIES)}
-TRAINING_CONFIGS = ("stock", "per_rank_metrics", "hang_checks", "hang_checks_debug", "stock_stream", "unsized_checks")
+TRAINING_CONFIGS = (
+    "stock",
+    "stock_twin",
+    "per_rank_metrics",
+    "hang_checks",
+    "hang_checks_debug",
+    "stock_stream",
+    "unsized_checks",
+)
 TRAINING_SUBJECTS = {  # training_step_cpu/*: a diagnostic, CPU time of the main thread
     f"{prefix}/{config}" for prefix in ("training_step", "training_step_cpu") for config in TRAINING_CONFIGS
 }
@@ -108,6 +116,7 @@ def test_smoke_collectives_are_counted(smoke: tuple[Path, subprocess.CompletedPr
     assert steps["training_step/stock"]["collectives"] > 0  # the counter sees the synced metric
     stock = steps["training_step/stock"]
     assert steps["training_step/per_rank_metrics"]["collectives_by_name"] == stock["collectives_by_name"]
+    assert steps["training_step/stock_twin"]["collectives_by_name"] == stock["collectives_by_name"]
     # the default checks replace the barrier of each synced log's _sync_ddp with a check: the same number, no barrier
     checked = steps["training_step/hang_checks"]["collectives_by_name"]
     assert sum(checked.values()) == stock["collectives"] and "barrier" not in checked
