@@ -18,6 +18,7 @@ from benchmarks._decisions import decision_subjects
 from benchmarks._plan import SessionSpec
 from benchmarks._row_cost import RowCost, cost_lines
 from benchmarks._session import SessionResult
+from benchmarks._sync_cost import SyncCost, sync_lines
 from benchmarks._training import BASELINES
 
 __all__ = ["LATENCY_TARGET", "STEP_TARGET", "Row", "Target", "build_rows", "check_targets", "markdown", "write_json"]
@@ -162,14 +163,20 @@ def check_targets(rows: list[Row]) -> list[Target]:
 
 
 def write_json(
-    path: Path, rows: list[Row], targets: list[Target], metadata: dict[str, Any], costs: list[RowCost]
+    path: Path,
+    rows: list[Row],
+    targets: list[Target],
+    metadata: dict[str, Any],
+    costs: list[RowCost],
+    syncs: list[SyncCost],
 ) -> None:
-    """``{"metadata": ..., "rows": [...], "targets": [...], "per_rank_cost": [...]}``, indented."""
+    """``{"metadata": ..., "rows": [...], "targets": [...], "per_rank_cost": [...], "sync_point": [...]}``."""
     document = {
         "metadata": metadata,
         "rows": [asdict(r) for r in rows],
         "targets": [asdict(t) for t in targets],
         "per_rank_cost": [asdict(c) for c in costs],
+        "sync_point": [asdict(s) for s in syncs],
     }
     path.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
 
@@ -197,8 +204,10 @@ def _names(counts: dict[str, float]) -> str:
     return ", ".join(f"{name} {n:g}" for name, n in counts.items()) or "none"
 
 
-def markdown(rows: list[Row], targets: list[Target], metadata: dict[str, Any], costs: list[RowCost]) -> str:
-    """The table of every row, its targets marked met or missed, the per-rank row's cost, then what was measured."""
+def markdown(
+    rows: list[Row], targets: list[Target], metadata: dict[str, Any], costs: list[RowCost], syncs: list[SyncCost]
+) -> str:
+    """The table, its targets marked met or missed, the per-rank row's and the checks' own cost, what was measured."""
     lines = [
         f"# Communication overhead: {metadata['machine']}",
         "",
@@ -222,6 +231,8 @@ def markdown(rows: list[Row], targets: list[Target], metadata: dict[str, Any], c
     if costs:
         ratios = {(f"{r.backend}/{r.device} W={r.world_size}", r.subject): r.ratio_to_stock for r in rows}
         lines += ["", "## Per-rank row cost", "", *cost_lines(costs, ratios)]
+    if syncs:
+        lines += ["", "## Time per step lining the ranks up (barrier or check)", "", *sync_lines(syncs)]
     lines += ["", "## Targets", ""]
     for name in dict.fromkeys(t.name for t in targets):
         mine = [t for t in targets if t.name == name]

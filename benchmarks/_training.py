@@ -33,6 +33,11 @@ builds for its loggers, the logging step advancing by one per row, so the writer
 file as in training. Lightning's own work (``self.log``, the row, the stock loggers) is not in the loop, so the time
 per row is lightning-ext's per-rank cost alone, without the noise of a step (the seams' few attribute lookups aside).
 
+**Where the ranks line up.** In every timed fit, the time spent in ``torch.distributed.barrier`` (Lightning's, before
+each synced value, in the stock fits) and in lightning-ext's checks (``Lockstep.agree``, in the barrier's place) is
+summed per step window. Both include waiting for the slowest rank, so their difference per step, paired fit by fit,
+is the check's own cost without the noise of the rest of the step.
+
 One untimed fit per configuration first counts every ``torch.distributed`` call with
 :func:`lightning_ext._diagnostics.count_collectives`, window by window, so the count per logging step covers exactly
 the timed windows. Then the timed fits run ``repeats`` times; each repeat's fits run back to back, in a new random
@@ -41,12 +46,13 @@ the per-rank fit whose row loop has just written and freed many rows; the report
 of its repeat.
 """
 
+import functools
 import gc
 import os
 import random
 from collections import Counter
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from time import perf_counter_ns, thread_time_ns
 from typing import Any
@@ -63,6 +69,7 @@ from benchmarks._standins import stock_lightning
 from lightning_ext import PolicyDDPStrategy
 from lightning_ext._diagnostics import count_collectives
 from lightning_ext._local_values import record_update
+from lightning_ext._lockstep import Lockstep
 from lightning_ext._rank_logger import loggers_for
 
 __all__ = ["BASELINES", "CONFIGS", "ROW_LOOPS_PER_STEP", "SKIP_STEPS", "TrainingResult", "run_training"]
@@ -103,6 +110,7 @@ class TrainingResult:
         row_loops: per-rank rows written by the row loop of each timed per-rank fit.
         row_ns: each timed per-rank fit's row-loop time per row (nanoseconds), in repeat order.
         row_cpu_ns: the same in CPU time of the main thread.
+        sync_ns: per configuration, each timed fit's time per step in barriers and checks (nanoseconds).
 
     """
 
@@ -114,6 +122,7 @@ class TrainingResult:
     row_loops: int = 0
     row_ns: list[float] = field(default_factory=list)
     row_cpu_ns: list[float] = field(default_factory=list)
+    sync_ns: dict[str, list[float]] = field(default_factory=dict)
 
 
 class _SmallModel(L.LightningModule):
@@ -165,20 +174,54 @@ class _SmallModel(L.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.01)
 
 
+class _SyncTimer:
+    """Sums the time spent in ``torch.distributed.barrier`` and in lightning-ext's checks while installed."""
+
+    def __init__(self) -> None:
+        self.ns = 0
+
+    def _timed(self, function: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(function)
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            start = perf_counter_ns()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                self.ns += perf_counter_ns() - start
+
+        return timed
+
+    @contextmanager
+    def installed(self) -> Iterator[None]:
+        """Within the block, time every barrier and check."""
+        barrier, agree = torch.distributed.barrier, Lockstep.agree
+        torch.distributed.barrier = self._timed(barrier)
+        Lockstep.agree = self._timed(agree)  # type: ignore[method-assign]
+        try:
+            yield
+        finally:
+            torch.distributed.barrier = barrier
+            Lockstep.agree = agree  # type: ignore[method-assign]
+
+
 class _StepClock(Callback):
     """Records the time (and, when counting, the collectives so far) at every ``on_train_batch_start``."""
 
-    def __init__(self, counts: Counter[str] | None) -> None:
+    def __init__(self, counts: Counter[str] | None, sync: _SyncTimer | None = None) -> None:
         self.starts_ns: list[int] = []
         self.cpu_starts_ns: list[int] = []
+        self.sync_ns: list[int] = []
         self.snapshots: list[Counter[str]] = []
         self._counts = counts
+        self._sync = sync
 
     def on_train_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
     ) -> None:
         self.cpu_starts_ns.append(thread_time_ns())
         self.starts_ns.append(perf_counter_ns())
+        if self._sync is not None:
+            self.sync_ns.append(self._sync.ns)
         if self._counts is not None:
             self.snapshots.append(Counter(self._counts))
 
@@ -189,6 +232,11 @@ class _StepClock(Callback):
     def cpu_windows_ns(self) -> list[int]:
         """The same windows in CPU time of the main thread."""
         return [b - a for a, b in zip(self.cpu_starts_ns, self.cpu_starts_ns[1:], strict=False)][SKIP_STEPS:]
+
+    def sync_per_window_ns(self) -> float:
+        """The mean time per kept window spent in barriers and checks."""
+        kept = self.sync_ns[SKIP_STEPS:]
+        return (kept[-1] - kept[0]) / (len(kept) - 1)
 
 
 def _loader(world_size: int, batches: int, seed: int, stream: bool = False) -> "DataLoader[Any]":
@@ -266,7 +314,10 @@ def run_training(
     batches = SKIP_STEPS + train_steps + 1
     row_loops = ROW_LOOPS_PER_STEP * train_steps
     result = TrainingResult(
-        step_ns={config: [] for config in CONFIGS}, step_cpu_ns={config: [] for config in CONFIGS}, row_loops=row_loops
+        step_ns={config: [] for config in CONFIGS},
+        step_cpu_ns={config: [] for config in CONFIGS},
+        sync_ns={config: [] for config in CONFIGS},
+        row_loops=row_loops,
     )
     for config in CONFIGS:
         with count_collectives() as counts:
@@ -291,13 +342,16 @@ def run_training(
         for config in order.sample(CONFIGS, len(CONFIGS)):
             gc.collect()
             os.sync()  # the previous fit's file writes are not written back inside this one's steps
-            clock = _StepClock(None)
+            sync = _SyncTimer()
+            clock = _StepClock(None, sync)
             root = os.path.join(workdir, f"time-{config}-{repeat}")
-            model = _fit(
-                config, root, world_size=world_size, batches=batches, seed=seed, clock=clock, row_loops=row_loops
-            )
+            with sync.installed():
+                model = _fit(
+                    config, root, world_size=world_size, batches=batches, seed=seed, clock=clock, row_loops=row_loops
+                )
             result.step_ns[config].append(clock.windows_ns())
             result.step_cpu_ns[config].append(clock.cpu_windows_ns())
+            result.sync_ns[config].append(clock.sync_per_window_ns())
             if config == "per_rank_metrics":
                 result.row_ns.append(model.loop_ns / row_loops)
                 result.row_cpu_ns.append(model.loop_cpu_ns / row_loops)

@@ -26,6 +26,7 @@ from benchmarks._plan import FULL, SMOKE, Counts, SessionSpec, plan_sessions, pr
 from benchmarks._report import build_rows, check_targets, markdown, write_json
 from benchmarks._row_cost import row_costs
 from benchmarks._session import SessionResult
+from benchmarks._sync_cost import sync_costs
 from benchmarks._training import ROW_LOOPS_PER_STEP, SKIP_STEPS
 
 __all__ = ["main"]
@@ -140,9 +141,9 @@ def main(argv: list[str] | None = None) -> int:
     meta = metadata(machine=machine, counts=counts_used, notes=notes, load_before=load_before)
     args.out.mkdir(parents=True, exist_ok=True)
     paths = [args.out / f"{machine}.{suffix}" for suffix in ("json", "md", "png")]
-    costs = row_costs(results)
-    write_json(paths[0], rows, targets, meta, costs)
-    report = markdown(rows, targets, meta, costs)
+    costs, syncs = row_costs(results), sync_costs(results)
+    write_json(paths[0], rows, targets, meta, costs, syncs)
+    report = markdown(rows, targets, meta, costs, syncs)
     paths[1].write_text(report, encoding="utf-8")
     write_chart(paths[2], rows, title=f"lightning-ext communication overhead: {machine}")
     print(report.split("\n## Notes")[0])

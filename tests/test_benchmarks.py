@@ -83,6 +83,24 @@ def test_smoke_reports_the_cost_of_one_per_rank_row(smoke: tuple[Path, subproces
 
 @pytest.mark.slow
 @pytest.mark.timeout(200)
+def test_smoke_times_the_barrier_and_the_check_that_replaces_it(
+    smoke: tuple[Path, subprocess.CompletedProcess[str]],
+) -> None:
+    document = _document(smoke[0])
+    (sync,) = document["sync_point"]
+    assert sync["session"] == "gloo/cpu W=2"
+    # stock waits in Lightning's barrier before its synced value every step, the checked fits in the check instead:
+    # both are measured (a wrapper that timed nothing would give 0)
+    assert sync["stock_us"]["median"] > 0
+    for config in ("hang_checks", "hang_checks_debug"):
+        assert sync["checked_us"][config]["median"] > 0, config
+        extra = sync["extra_us"][config]
+        assert extra["low"] <= extra["median"] <= extra["high"], config
+    assert "## Time per step lining the ranks up" in (smoke[0] / "smoke.md").read_text(encoding="utf-8")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
 def test_smoke_rows_have_the_schema_and_every_subject(smoke: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
     document = _document(smoke[0])
     meta = document["metadata"]
