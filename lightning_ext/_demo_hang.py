@@ -1,18 +1,15 @@
 """The demo's second part: two pitfalls that freeze stock DDP, each ending in one error on every rank.
 
-``python -m lightning_ext._demo_hang PITFALL OUT_DIR --devices N`` trains under ``PolicyDDPStrategy()`` with one
-pitfall: ``uneven_batches`` (rank 1 reads 2 batches more, ``use_distributed_sampler=False``) or
-``log_on_rank_zero`` (``self.log(..., sync_dist=True)`` under ``if self.trainer.is_global_zero``). Each rank writes
-``OUT_DIR/rank_<r>.json`` with the error it raised and the wall-clock time it raised it; :func:`run_pitfall`
-launches it in a fresh process group and reads the files back.
+:func:`run_pitfall` copies the pitfall model (:mod:`lightning_ext._demo_pitfall`, a user's training script) into the
+run's directory, launches it there in a fresh process group, and reads back what each rank raised.
 """
 
-import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
-import time
+from pathlib import Path
 from typing import Any
 
 __all__ = ["PITFALLS", "run_pitfall"]
@@ -29,7 +26,8 @@ def run_pitfall(pitfall: str, devices: int, out_dir: str, timeout: float = 180.0
     """Train with ``pitfall`` on ``devices`` CPU ranks in a fresh launch; each rank's outcome, rank order."""
     os.makedirs(out_dir, exist_ok=True)
     environment = {key: value for key, value in os.environ.items() if key not in _LAUNCH_VARIABLES}
-    command = [sys.executable, "-m", "lightning_ext._demo_hang", pitfall, out_dir, "--devices", str(devices)]
+    script = shutil.copy(Path(__file__).with_name("_demo_pitfall.py"), os.path.join(out_dir, "pitfall_model.py"))
+    command = [sys.executable, script, pitfall, out_dir, "--devices", str(devices)]
     # Lightning's banners stay out of the demo's output; they are shown if the launch itself fails
     done = subprocess.run(command, env=environment, timeout=timeout, capture_output=True, text=True)
     if done.returncode != 0:
@@ -39,71 +37,3 @@ def run_pitfall(pitfall: str, devices: int, out_dir: str, timeout: float = 180.0
         with open(os.path.join(out_dir, f"rank_{rank}.json"), encoding="utf-8") as file:
             outcomes.append(json.load(file))
     return outcomes
-
-
-def _train(pitfall: str, devices: int, out_dir: str) -> None:
-    import lightning as L
-    import torch
-    from torch.utils.data import DataLoader, TensorDataset
-
-    from lightning_ext import CrossRankError, PolicyDDPStrategy
-
-    class Pitfall(L.LightningModule):
-        def __init__(self) -> None:
-            super().__init__()
-            self.layer = torch.nn.Linear(4, 1)
-
-        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-            loss: torch.Tensor = self.layer(batch[0]).pow(2).mean()
-            return loss
-
-        def validation_step(self, batch: Any, batch_idx: int) -> None:
-            self.log("val_loss", self.layer(batch[0]).pow(2).mean(), sync_dist=True)
-
-        def on_validation_epoch_end(self) -> None:
-            if pitfall == "log_on_rank_zero" and self.trainer.is_global_zero:
-                self.log("val_acc", torch.tensor(1.0), sync_dist=True)
-
-        def train_dataloader(self) -> "DataLoader[Any]":
-            extra = 2 if pitfall == "uneven_batches" and self.trainer.global_rank == 1 else 0
-            return DataLoader(TensorDataset(torch.randn(8 * (4 + extra), 4)), batch_size=8)
-
-        def val_dataloader(self) -> "DataLoader[Any]":
-            return DataLoader(TensorDataset(torch.randn(16, 4)), batch_size=8)
-
-        def configure_optimizers(self) -> torch.optim.Optimizer:
-            return torch.optim.SGD(self.parameters(), lr=0.01)
-
-    trainer = L.Trainer(
-        accelerator="cpu",
-        devices=devices,
-        strategy=PolicyDDPStrategy(),
-        max_epochs=2,
-        use_distributed_sampler=False,  # each rank reads its own data, as with per-rank shards
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-    )
-    outcome: dict[str, Any] = {"error": None, "message": None}
-    try:
-        trainer.fit(Pitfall())
-    except CrossRankError as error:
-        outcome = {"error": type(error).__name__, "message": str(error)}
-    outcome.update(rank=trainer.global_rank, at=time.time())
-    with open(os.path.join(out_dir, f"rank_{trainer.global_rank}.json"), "w", encoding="utf-8") as file:
-        json.dump(outcome, file)
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("pitfall", choices=sorted(PITFALLS))
-    parser.add_argument("out_dir")
-    parser.add_argument("--devices", type=int, default=2)
-    args = parser.parse_args(argv)
-    _train(args.pitfall, args.devices, args.out_dir)
-
-
-if __name__ == "__main__":
-    main()

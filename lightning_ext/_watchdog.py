@@ -43,7 +43,6 @@ _PACKAGES = tuple(
     for module, levels in ((sys.modules.get("torch"), 1), (sys.modules.get("lightning_ext"), 0))
     if module is not None and module.__file__ is not None
 )
-_USER_CODE_SHIPPED = ("/lightning_ext/_demo_hang.py",)  # the demo's model plays the user's code
 
 
 @dataclass(frozen=True)
@@ -259,4 +258,4 @@ def _user_frame(stack: traceback.StackSummary) -> str | None:
 
 def _is_library(path: str) -> bool:
     """Installed packages, lightning-ext and the standard library: not where a user's culprit line is."""
-    return path.startswith(("<", _STDLIB, *_PACKAGES)) and not path.endswith(_USER_CODE_SHIPPED)
+    return path.startswith(("<", _STDLIB, *_PACKAGES))
