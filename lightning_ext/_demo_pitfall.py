@@ -13,7 +13,7 @@ import os
 import time
 from typing import Any
 
-PITFALLS = ("log_on_rank_zero", "uneven_batches")
+from lightning_ext._demo_hang import PITFALLS
 
 
 def _train(pitfall: str, devices: int, out_dir: str) -> None:
@@ -73,7 +73,7 @@ def _train(pitfall: str, devices: int, out_dir: str) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("pitfall", choices=PITFALLS)
+    parser.add_argument("pitfall", choices=sorted(PITFALLS))
     parser.add_argument("out_dir")
     parser.add_argument("--devices", type=int, default=2)
     args = parser.parse_args(argv)
