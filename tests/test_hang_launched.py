@@ -4,7 +4,8 @@ Each scenario of ``tests/scripts/hang_scenarios.py`` runs under Lightning's defa
 ``start_method="spawn"`` and under torchrun (2 nodes x 1 process, on loopback). With ``PolicyDDPStrategy`` every rank
 must end with the same error, naming the culprit and the fix, within 30 s of the first rank reaching the point of
 divergence, with its per-rank rows flushed. The same scripts with stock ``DDPStrategy`` are shown hanging (cut by a
-timeout) or ending without naming anything.
+timeout) or ending without naming anything. Every job runs in the background, ours two at a time, and each test
+checks its own job's outcome.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import signal
 import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -97,12 +99,35 @@ def rows_kept(log_dir: Path, rank: str) -> int:
     return max(0, len(path.read_text().splitlines()) - 1) if path.exists() else 0
 
 
+SPAWN = ("uneven_train", "log_on_rank_zero_step", FAILING_RANK)
+TORCHRUN = ("uneven_train", "log_dir_on_rank_zero", FAILING_RANK)
+Runs = dict[tuple[str, str], "Future[tuple[dict[Any, Any], Path]]"]
+
+
+@pytest.fixture(scope="module")
+def ours(tmp_path_factory: pytest.TempPathFactory, stock_jobs: object) -> Iterator[Runs]:
+    """Every launched run with our strategy, two at a time in the background, in the order the tests ask for them.
+
+    A job spends most of its time in one rank's imports while the other rank waits, so two jobs share the two cores.
+    """
+    root = tmp_path_factory.mktemp("ours")
+    runs = [*((scenario, "popen") for scenario in [*sorted(EXPECTED), FAILING_RANK])]
+    runs += [*((scenario, "spawn") for scenario in SPAWN), *((scenario, "torchrun") for scenario in TORCHRUN)]
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        kinds = {scenario: kind for scenario, (kind, *_) in EXPECTED.items()}
+        yield {
+            (scenario, launcher): pool.submit(run_scenario, scenario, kinds.get(scenario, "ours"), root, launcher)
+            for scenario, launcher in runs
+        }
+        pool.shutdown(cancel_futures=True)  # the runs already started end within RUN_TIMEOUT
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(2 * RUN_TIMEOUT)
 @pytest.mark.parametrize("scenario", sorted(EXPECTED))
-def test_every_rank_raises_the_named_error_within_the_limit(scenario: str, tmp_path: Path) -> None:
-    kind, error, fragments, rows = EXPECTED[scenario]
-    outcomes, log_dir = run_scenario(scenario, kind, tmp_path)
+def test_every_rank_raises_the_named_error_within_the_limit(scenario: str, ours: Runs) -> None:
+    _, error, fragments, rows = EXPECTED[scenario]
+    outcomes, log_dir = ours[scenario, "popen"].result()
     messages = {outcome["message"] for outcome in outcomes.values()}
     assert {outcome["error"] for outcome in outcomes.values()} == {error}, outcomes
     assert len(messages) == 1, f"the ranks raised different messages: {outcomes}"
@@ -117,8 +142,8 @@ def test_every_rank_raises_the_named_error_within_the_limit(scenario: str, tmp_p
 
 @pytest.mark.slow
 @pytest.mark.timeout(2 * RUN_TIMEOUT)
-def test_a_failing_rank_ends_every_rank_with_its_traceback(tmp_path: Path) -> None:
-    outcomes, log_dir = run_scenario(FAILING_RANK, "ours", tmp_path)
+def test_a_failing_rank_ends_every_rank_with_its_traceback(ours: Runs) -> None:
+    outcomes, log_dir = ours[FAILING_RANK, "popen"].result()
     assert (outcomes["1"]["error"], outcomes["1"]["message"]) == ("ValueError", "boom on rank 1")
     assert outcomes["0"]["error"] == "RankFailedError"
     for fragment in ("Rank 1 failed with ValueError: boom on rank 1", "--- rank 1 traceback ---", "in training_step"):
@@ -129,9 +154,9 @@ def test_a_failing_rank_ends_every_rank_with_its_traceback(tmp_path: Path) -> No
 
 @pytest.mark.slow
 @pytest.mark.timeout(2 * RUN_TIMEOUT)
-@pytest.mark.parametrize("scenario", ["uneven_train", "log_on_rank_zero_step", FAILING_RANK])
-def test_spawn_shows_the_named_error(scenario: str, tmp_path: Path) -> None:
-    outcomes, _ = run_scenario(scenario, "ours", tmp_path, launcher="spawn")
+@pytest.mark.parametrize("scenario", SPAWN)
+def test_spawn_shows_the_named_error(scenario: str, ours: Runs) -> None:
+    outcomes, _ = ours[scenario, "spawn"].result()
     message = outcomes["parent"]["message"]
     if scenario == FAILING_RANK:
         assert "ValueError: boom on rank 1" in message
@@ -142,9 +167,9 @@ def test_spawn_shows_the_named_error(scenario: str, tmp_path: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(2 * RUN_TIMEOUT)
-@pytest.mark.parametrize("scenario", ["uneven_train", "log_dir_on_rank_zero", FAILING_RANK])
-def test_torchrun_two_nodes_end_with_the_named_error(scenario: str, tmp_path: Path) -> None:
-    outcomes, log_dir = run_scenario(scenario, "ours", tmp_path, launcher="torchrun")
+@pytest.mark.parametrize("scenario", TORCHRUN)
+def test_torchrun_two_nodes_end_with_the_named_error(scenario: str, ours: Runs) -> None:
+    outcomes, log_dir = ours[scenario, "torchrun"].result()
     if scenario == FAILING_RANK:
         assert outcomes["1"]["error"] == "ValueError" and outcomes["0"]["error"] == "RankFailedError"
     else:
