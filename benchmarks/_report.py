@@ -4,11 +4,14 @@ Decision rows: median and 90th percentile over every timed decision of the subje
 subject's median over the median of the stock subject of the same path, backend, device and world size (same run).
 Training rows: the median over the timed fits of each fit's median (and 90th percentile) step time. The ratio pairs
 the two fits of each repeat (run back to back) and takes the median of the per-pair ratios of their medians, so
-slow drift of the machine cancels. ``training_step_cpu/...`` rows give the same in CPU time of the main thread, a
-diagnostic of the cost itself. ``collectives`` is counted: ``torch.distributed`` calls per decision, or per step.
+slow drift of the machine cancels; ``ratio_interval`` is a 95% bootstrap interval of that median over the repeats
+(:func:`median_interval`), so that a ratio is read with its noise. ``training_step_cpu/...`` rows give the same in
+CPU time of the main thread, a diagnostic of the cost itself. ``collectives`` is counted: ``torch.distributed``
+calls per decision, or per step.
 """
 
 import json
+import random
 import statistics
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -21,7 +24,17 @@ from benchmarks._session import SessionResult
 from benchmarks._sync_cost import SyncCost, sync_lines
 from benchmarks._training import BASELINES
 
-__all__ = ["LATENCY_TARGET", "STEP_TARGET", "Row", "Target", "build_rows", "check_targets", "markdown", "write_json"]
+__all__ = [
+    "LATENCY_TARGET",
+    "STEP_TARGET",
+    "Row",
+    "Target",
+    "build_rows",
+    "check_targets",
+    "markdown",
+    "median_interval",
+    "write_json",
+]
 
 LATENCY_TARGET = 1.10
 STEP_TARGET = 1.03
@@ -42,6 +55,7 @@ class Row:
     collectives_by_name: dict[str, float] = field(default_factory=dict)
     mean_us: float = 0.0
     samples: int = 0
+    ratio_interval: tuple[float, float] | None = None
 
     @property
     def is_policy(self) -> bool:
@@ -60,6 +74,14 @@ class Target:
     limit: float
     comparison: str
     met: bool
+    interval: tuple[float, float] | None = None
+
+    def settled(self) -> str:
+        """``met`` or ``missed`` when the whole interval is on one side of the limit, else ``not settled``."""
+        if self.interval is None or self.comparison != "<=":
+            return "met" if self.met else "missed"
+        low, high = self.interval
+        return "met" if high <= self.limit else "missed" if low > self.limit else "not settled"
 
 
 # per-rank metrics may cost up to 3% of a step; the default hang checks, 2% (issue targets)
@@ -70,6 +92,20 @@ def _percentile(values: list[float], q: float) -> float:
     if len(values) == 1:
         return values[0]
     return statistics.quantiles(values, n=100, method="inclusive")[round(q) - 1]
+
+
+def median_interval(ratios: list[float], *, resamples: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """A 95% bootstrap interval of the median of ``ratios`` (percentile method, seeded: the same data, the same).
+
+    >>> median_interval([1.0, 1.0, 1.0])
+    (1.0, 1.0)
+    >>> low, high = median_interval([0.9, 1.0, 1.1, 1.2, 0.8])
+    >>> 0.8 <= low <= high <= 1.2
+    True
+    """
+    draw = random.Random(seed)
+    medians = sorted(statistics.median(draw.choices(ratios, k=len(ratios))) for _ in range(resamples))
+    return medians[int(0.025 * resamples)], medians[int(0.975 * resamples) - 1]
 
 
 def _rows_of(result: SessionResult) -> list[Row]:
@@ -112,6 +148,7 @@ def _training_rows(
         pooled = [us for run in runs for us in run]
         baseline = BASELINES.get(config, "stock")
         pairs = zip(fit_medians[config], fit_medians[baseline], strict=True)  # repeat by repeat, back to back
+        ratios = [ours / stock for ours, stock in pairs]
         rows.append(
             Row(
                 spec.backend,
@@ -120,11 +157,12 @@ def _training_rows(
                 subject=f"{prefix}/{config}",
                 median_us=statistics.median(fit_medians[config]),
                 p90_us=statistics.median([_percentile(run, 90) for run in runs]),
-                ratio_to_stock=statistics.median([ours / stock for ours, stock in pairs]),
+                ratio_to_stock=statistics.median(ratios),
                 collectives=sum(per_step[config].values()),
                 collectives_by_name=per_step[config],
                 mean_us=statistics.fmean(pooled),
                 samples=len(pooled),
+                ratio_interval=median_interval(ratios),
             )
         )
     return rows
@@ -151,7 +189,8 @@ def check_targets(rows: list[Row]) -> list[Target]:
             )
         if row.subject in _STEP_TARGETS:
             ratio, limit = row.ratio_to_stock, _STEP_TARGETS[row.subject]
-            targets.append(Target("training step vs stock", where, ratio, limit, "<=", ratio <= limit))
+            interval = row.ratio_interval
+            targets.append(Target("training step vs stock", where, ratio, limit, "<=", ratio <= limit, interval))
             stock = next(
                 r
                 for r in rows
@@ -200,6 +239,12 @@ def _short(target: Target) -> str:
     return f"{target.limit:g} collective{'' if target.limit == 1 else 's'}{unit}"
 
 
+def _ratio(row: Row) -> str:
+    if row.ratio_interval is None or row.ratio_interval[0] == row.ratio_interval[1]:
+        return f"{row.ratio_to_stock:.3f}"
+    return f"{row.ratio_to_stock:.3f} ({row.ratio_interval[0]:.3f}-{row.ratio_interval[1]:.3f})"
+
+
 def _names(counts: dict[str, float]) -> str:
     return ", ".join(f"{name} {n:g}" for name, n in counts.items()) or "none"
 
@@ -218,6 +263,8 @@ def markdown(
         f" configuration. Load average (1, 5, 15 min) before: {metadata['load_average_before']}, after:"
         f" {metadata['load_average_after']}.",
         "",
+        "Training ratios carry a 95% bootstrap interval over the repeats, in brackets; `stock_twin` shows the noise.",
+        "",
         "| backend | device | world size | subject | median µs | p90 µs | ratio to stock | collectives | target |",
         "|---|---|---:|---|---:|---:|---:|---|---|",
     ]
@@ -225,7 +272,7 @@ def markdown(
         per = "step" if row.subject.startswith("training_step") else "decision"
         lines.append(
             f"| {row.backend} | {row.device} | {row.world_size} | `{row.subject}` | {row.median_us:.1f} | "
-            f"{row.p90_us:.1f} | {row.ratio_to_stock:.3f} | {row.collectives:g}/{per}"
+            f"{row.p90_us:.1f} | {_ratio(row)} | {row.collectives:g}/{per}"
             f" ({_names(row.collectives_by_name)}) | {_verdict(row, targets)} |"
         )
     if costs:
@@ -240,5 +287,13 @@ def markdown(
         limits = " or ".join(f"{t.comparison} {t.limit:g}" for t in {t.limit: t for t in mine}.values())
         lines.append(f"- {name} ({limits}): {len(mine) - len(missed)}/{len(mine)} met")
         lines += [f"  - missed: {t.where}: {t.value:.3f}" for t in missed]
+        for target in mine:
+            if target.interval is None:
+                continue
+            low, high = target.interval
+            lines.append(
+                f"  - {target.where}: {target.value:.3f}, 95% interval {low:.3f}-{high:.3f} against {target.limit:g}:"
+                f" {target.settled()} by this run"
+            )
     lines += ["", "## Notes", ""] + [f"- {note}" for note in metadata.get("notes", [])]
     return "\n".join(lines) + "\n"

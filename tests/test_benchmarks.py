@@ -7,6 +7,8 @@ deterministic: every policy decision is exactly one collective, and per-rank met
 from __future__ import annotations
 
 import json
+import random
+import statistics
 import subprocess
 import tempfile
 from pathlib import Path
@@ -16,7 +18,7 @@ import pytest
 
 from benchmarks._launch import SessionFailed, run_session
 from benchmarks._plan import Counts, SessionSpec
-from benchmarks._report import Row, check_targets
+from benchmarks._report import Row, Target, check_targets, median_interval
 from benchmarks.comm import main
 from lightning_ext import available_policies
 from tests._jobs import run_benchmark_smoke
@@ -117,6 +119,8 @@ def test_smoke_rows_have_the_schema_and_every_subject(smoke: tuple[Path, subproc
     for row in cpu_rows:
         if row["subject"].endswith("/stock"):
             assert row["ratio_to_stock"] == 1.0
+        if row["subject"] in TRAINING_SUBJECTS:  # one repeat: the interval is the ratio itself
+            assert row["ratio_interval"] == [row["ratio_to_stock"]] * 2, row
 
 
 @pytest.mark.slow
@@ -187,6 +191,32 @@ def test_targets_are_marked_met_or_missed() -> None:
         ("training step vs stock", "training_step/hang_checks"): False,  # its limit is 1.02
         ("extra collectives per logging step", "training_step/hang_checks"): True,
     }
+
+
+def test_a_step_target_is_settled_only_when_its_interval_is_on_one_side_of_the_limit() -> None:
+    def step(ratio: float, interval: tuple[float, float]) -> Target:
+        (target, _) = check_targets(
+            [
+                Row("gloo", "cpu", 2, "training_step/stock", 10.0, 12.0, 1.0, 3),
+                Row("gloo", "cpu", 2, "training_step/per_rank_metrics", 10.0, 12.0, ratio, 3, ratio_interval=interval),
+            ]
+        )
+        return target
+
+    assert step(1.01, (0.99, 1.02)).settled() == "met"
+    assert step(1.05, (1.04, 1.06)).settled() == "missed"
+    assert step(1.01, (0.95, 1.09)).settled() == "not settled"  # met by the point value, not by the run
+    assert step(1.01, (0.95, 1.09)).met
+
+
+def test_the_ratio_interval_narrows_with_repeats_and_holds_the_true_median() -> None:
+    draw = random.Random(1)
+    few = [draw.gauss(1.0, 0.1) for _ in range(10)]
+    many = [draw.gauss(1.0, 0.1) for _ in range(400)]
+    (low_few, high_few), (low_many, high_many) = median_interval(few), median_interval(many)
+    assert low_many < 1.0 < high_many and low_few <= statistics.median(few) <= high_few
+    assert high_many - low_many < (high_few - low_few) / 2  # 40x the repeats: about a sixth of the width
+    assert median_interval(many) == (low_many, high_many)  # seeded
 
 
 @pytest.mark.parametrize(
