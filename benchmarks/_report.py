@@ -229,7 +229,14 @@ def _verdict(row: Row, targets: list[Target]) -> str:
         if row.subject.endswith("/stock_twin"):
             return "noise: stock against itself"
         return "diagnostic (CPU time)" if row.subject.startswith("training_step_cpu/") else ""
-    return "; ".join(f"{_short(t)} {'met' if t.met else '**missed**'}" for t in mine)
+    return "; ".join(f"{_short(t)} {_mark(t)}" for t in mine)
+
+
+def _mark(target: Target) -> str:
+    settled = target.settled()
+    if settled == "not settled":
+        return f"not settled (median {'under' if target.met else 'over'})"
+    return "met" if settled == "met" else "**missed**"
 
 
 def _short(target: Target) -> str:
@@ -285,7 +292,8 @@ def markdown(
         mine = [t for t in targets if t.name == name]
         missed = [t for t in mine if not t.met]
         limits = " or ".join(f"{t.comparison} {t.limit:g}" for t in {t.limit: t for t in mine}.values())
-        lines.append(f"- {name} ({limits}): {len(mine) - len(missed)}/{len(mine)} met")
+        by = " by the median" if any(t.interval is not None for t in mine) else ""
+        lines.append(f"- {name} ({limits}): {len(mine) - len(missed)}/{len(mine)} met{by}")
         lines += [f"  - missed: {t.where}: {t.value:.3f}" for t in missed]
         for target in mine:
             if target.interval is None:

@@ -105,19 +105,24 @@ Runs = dict[tuple[str, str], "Future[tuple[dict[Any, Any], Path]]"]
 
 
 @pytest.fixture(scope="module")
-def ours(tmp_path_factory: pytest.TempPathFactory, stock_jobs: object) -> Iterator[Runs]:
-    """Every launched run with our strategy, two at a time in the background, in the order the tests ask for them.
-
-    A job spends most of its time in one rank's imports while the other rank waits, so two jobs share the two cores.
-    """
+def ours(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, stock_jobs: object
+) -> Iterator[Runs]:
+    """The launched runs with our strategy that the selected tests check, two at a time in the background, in the
+    order the tests ask for them. A job spends most of its time in one rank's imports while the other rank waits, so
+    two jobs share the two cores."""
+    tests = {f"test_every_rank_raises_the_named_error_within_the_limit[{s}]": (s, "popen") for s in sorted(EXPECTED)}
+    tests["test_a_failing_rank_ends_every_rank_with_its_traceback"] = (FAILING_RANK, "popen")
+    tests |= {f"test_spawn_shows_the_named_error[{s}]": (s, "spawn") for s in SPAWN}
+    tests |= {f"test_torchrun_two_nodes_end_with_the_named_error[{s}]": (s, "torchrun") for s in TORCHRUN}
+    selected = {item.name for item in request.session.items}
     root = tmp_path_factory.mktemp("ours")
-    runs = [*((scenario, "popen") for scenario in [*sorted(EXPECTED), FAILING_RANK])]
-    runs += [*((scenario, "spawn") for scenario in SPAWN), *((scenario, "torchrun") for scenario in TORCHRUN)]
+    kinds = {scenario: kind for scenario, (kind, *_) in EXPECTED.items()}
     with ThreadPoolExecutor(max_workers=2) as pool:
-        kinds = {scenario: kind for scenario, (kind, *_) in EXPECTED.items()}
         yield {
-            (scenario, launcher): pool.submit(run_scenario, scenario, kinds.get(scenario, "ours"), root, launcher)
-            for scenario, launcher in runs
+            run: pool.submit(run_scenario, run[0], kinds.get(run[0], "ours"), root, run[1])
+            for name, run in tests.items()
+            if name in selected
         }
         pool.shutdown(cancel_futures=True)  # the runs already started end within RUN_TIMEOUT
 
