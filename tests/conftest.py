@@ -3,6 +3,8 @@
 Hypothesis profiles (choose with ``HYPOTHESIS_PROFILE=<name>``, default ``ci``):
 
 * ``ci``: quick, for every push (a few dozen examples per property);
+* ``quick``: a third of ``ci``, for the reruns of whole suites in another set-up (the native patches), where the
+  search itself already ran under ``ci``;
 * ``thorough``: many examples, for a run by hand before a release:
   ``HYPOTHESIS_PROFILE=thorough .venv/bin/python -m pytest tests -k property``.
 """
@@ -20,6 +22,13 @@ from tests._pool import RankPool
 settings.register_profile(
     "ci",
     max_examples=100,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+settings.register_profile(
+    "quick",
+    max_examples=30,
     deadline=None,
     derandomize=True,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],

@@ -2,8 +2,9 @@
 
 The verified releases are 2.5.6 and 2.6.6 (CI runs the suite against both). On another Lightning the strategy warns
 once; a private method that lightning-ext wraps or calls with another signature stops it with an error that names the
-method, both signatures and the version. Each case runs in a fresh interpreter: the seams are installed once per
-process, and the version string is monkeypatched there.
+method, both signatures and the version. Each case runs as a fresh interpreter (a child forked from a parent that has
+imported Lightning but not lightning-ext): the seams are installed once per process, and the version string is
+monkeypatched there.
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from subprocess import PIPE
 
 import lightning
 import pytest
@@ -21,13 +24,57 @@ from packaging.requirements import Requirement
 
 REPO = Path(__file__).resolve().parent.parent
 VERIFIED = ("2.5.6", "2.6.6")  # this test's own copy: pyproject.toml, the series and the warning must all say so
+Python = Callable[[str], subprocess.CompletedProcess[str]]
 
 
-def _python(code: str) -> subprocess.CompletedProcess[str]:
-    """Run ``code`` in a fresh interpreter on the installed Lightning, runtime seams allowed."""
+# A parent that imports Lightning and torch once, then forks a child per case: the child is a fresh interpreter as
+# far as lightning_ext goes (never imported in the parent), without paying Lightning's import again (seconds).
+_FORKER = """
+import json, os, sys, tempfile, traceback
+import lightning, torch  # noqa: F401
+for line in sys.stdin:
+    code = json.loads(line)
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        child = os.fork()
+        if child == 0:
+            os.dup2(out.fileno(), 1)
+            os.dup2(err.fileno(), 2)
+            status = 0
+            try:
+                exec(compile(code, "<case>", "exec"), {"__name__": "__main__"})
+            except BaseException:
+                traceback.print_exc()
+                status = 1
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(status)
+        _, status = os.waitpid(child, 0)
+        out.seek(0)
+        err.seek(0)
+        result = [os.waitstatus_to_exitcode(status), out.read().decode(), err.read().decode()]
+    print(json.dumps(result), flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def python() -> Iterator[Python]:
+    """``python(code)`` runs ``code`` as a fresh interpreter would, on the installed Lightning, seams allowed."""
     env = {key: value for key, value in os.environ.items() if not key.startswith("LIGHTNING_EXT_")}
     env["PYTHONPATH"] = str(REPO)
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180, cwd=REPO, env=env)
+    command = [sys.executable, "-c", _FORKER]
+    with subprocess.Popen(command, stdin=PIPE, stdout=PIPE, stderr=PIPE, text=True, cwd=REPO, env=env) as forker:
+
+        def run(code: str) -> subprocess.CompletedProcess[str]:
+            assert forker.stdin is not None and forker.stdout is not None and forker.stderr is not None
+            forker.stdin.write(json.dumps(code) + "\n")
+            forker.stdin.flush()
+            if not (line := forker.stdout.readline()):
+                raise RuntimeError(f"the forking parent died: {forker.stderr.read()[-3000:]}")
+            returncode, stdout, stderr = json.loads(line)
+            return subprocess.CompletedProcess(command, returncode, stdout, stderr)
+
+        yield run
+        forker.stdin.close()  # type: ignore[union-attr]
 
 
 _WARNINGS = """
@@ -45,8 +92,8 @@ print("WARNINGS " + json.dumps([str(w.message) for w in caught if "lightning-ext
 
 
 @pytest.mark.parametrize("version", ["2.5.5", "2.6.0", "2.7.0"])
-def test_an_unverified_lightning_gets_one_warning_naming_the_verified_releases(version: str) -> None:
-    run = _python(_WARNINGS.format(version=version))
+def test_an_unverified_lightning_gets_one_warning_naming_the_verified_releases(version: str, python: Python) -> None:
+    run = python(_WARNINGS.format(version=version))
     assert run.returncode == 0, run.stderr[-3000:]
     (line,) = [line for line in run.stdout.splitlines() if line.startswith("WARNINGS ")]
     (message,) = json.loads(line[len("WARNINGS ") :])
@@ -54,9 +101,9 @@ def test_an_unverified_lightning_gets_one_warning_naming_the_verified_releases(v
     assert f"the installed Lightning is {version}" in message
 
 
-def test_a_verified_lightning_gets_no_warning() -> None:
+def test_a_verified_lightning_gets_no_warning(python: Python) -> None:
     assert lightning.__version__ in VERIFIED
-    run = _python(_WARNINGS.format(version=lightning.__version__))
+    run = python(_WARNINGS.format(version=lightning.__version__))
     assert run.returncode == 0, run.stderr[-3000:]
     assert "WARNINGS []" in run.stdout.splitlines()
 
@@ -119,9 +166,9 @@ print("INSTALLED " + str(getattr(ModelCheckpoint._save_topk_checkpoint, "__light
     ],
 )
 def test_a_changed_lightning_method_stops_the_strategy_before_anything_is_wrapped(
-    owner: str, name: str, replacement: str, expected: str, found: str
+    owner: str, name: str, replacement: str, expected: str, found: str, python: Python
 ) -> None:
-    run = _python(_SIGNATURE.format(owner=owner, name=name, replacement=replacement))
+    run = python(_SIGNATURE.format(owner=owner, name=name, replacement=replacement))
     assert run.returncode == 0, run.stderr[-3000:]
     lines = run.stdout.splitlines()
     (error,) = [line[len("ERROR ") :] for line in lines if line.startswith("ERROR ")]
@@ -132,7 +179,7 @@ def test_a_changed_lightning_method_stops_the_strategy_before_anything_is_wrappe
     assert "INSTALLED True" in lines
 
 
-def test_trainer_run_accepts_either_verified_signature() -> None:
+def test_trainer_run_accepts_either_verified_signature(python: Python) -> None:
     """``Trainer._run`` gained ``weights_only`` in 2.6: both forms are accepted, a third is not."""
     code = """
 from lightning.pytorch import Trainer
@@ -147,7 +194,7 @@ for params in ("self, model, ckpt_path=None", "self, model, ckpt_path=None, weig
     except RuntimeError as error:
         print("ERROR", "Trainer._run" in str(error))
 """
-    run = _python(code)
+    run = python(code)
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.splitlines() == ["OK True", "OK True", "ERROR True"]
 
