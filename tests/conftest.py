@@ -19,26 +19,10 @@ from hypothesis import HealthCheck, settings
 
 from tests._pool import RankPool
 
-settings.register_profile(
-    "ci",
-    max_examples=100,
-    deadline=None,
-    derandomize=True,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
-)
-settings.register_profile(
-    "quick",
-    max_examples=30,
-    deadline=None,
-    derandomize=True,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
-)
-settings.register_profile(
-    "thorough",
-    max_examples=1500,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
-)
+_HEALTH = [HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+settings.register_profile("ci", max_examples=100, deadline=None, derandomize=True, suppress_health_check=_HEALTH)
+settings.register_profile("quick", parent=settings.get_profile("ci"), max_examples=30)
+settings.register_profile("thorough", max_examples=1500, deadline=None, suppress_health_check=_HEALTH)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
