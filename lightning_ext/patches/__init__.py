@@ -1,23 +1,18 @@
 """Check, apply and revert the ``git format-patch`` series that writes lightning-ext's seams into Lightning's sources.
 
 ``python -m lightning_ext.patches check|apply|revert [--target DIR] [--series DIR]``, or the functions here (see
-``patches/README.md``); ``git apply`` does the patch work. :func:`patch_mode` imports Lightning: it loads on first use.
+``patches/README.md``); ``git apply`` does the patch work. Importing this package does not import Lightning.
 """
 
-from typing import TYPE_CHECKING, Any
+from typing import Literal
 
-from lightning_ext.patches._api import SeriesNotApplicableError, SeriesReport, apply, check, revert
-from lightning_ext.patches._series import PatchError
-
-if TYPE_CHECKING:
-    from lightning_ext._runtime import patch_mode
+from lightning_ext.patches._tool import PatchError, SeriesNotApplicableError, SeriesReport, apply, check, revert
 
 __all__ = ["PatchError", "SeriesNotApplicableError", "SeriesReport", "apply", "check", "patch_mode", "revert"]
 
 
-def __getattr__(name: str) -> Any:
-    if name == "patch_mode":  # imports Lightning: only when asked for
-        from lightning_ext._runtime import patch_mode
+def patch_mode() -> Literal["native", "runtime"]:
+    """``"native"`` when the imported Lightning carries every seam of the series, else ``"runtime"``; imports it."""
+    from lightning_ext._runtime import patch_mode as mode  # Lightning and torch: only when asked
 
-        return patch_mode
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return mode()
