@@ -77,7 +77,7 @@ def _check_world(strategy: DDPStrategy, world_size: int) -> None:
 def stock_lightning() -> Iterator[None]:
     """Within the block, Lightning's methods are its own: lightning-ext's runtime seams are taken out, then put back.
 
-    On a Lightning patched with ``patches/`` (``lightning_ext.patch_mode() == "native"``) the seams are in
+    On a Lightning patched with ``patches/`` (``lightning_ext.patches.patch_mode() == "native"``) the seams are in
     Lightning's source and stay; they fall through to the stock body for a strategy without hooks.
     """
     swapped: list[tuple[type, str, Any]] = []
