@@ -148,8 +148,10 @@ def default_target() -> Path:
 
 def target_version(target: Path) -> str | None:
     """The first line of ``version.info`` beside or inside the package (where Lightning reads it), if any."""
-    path = next((path for path in (target.parent, target) if (path / "version.info").is_file()), None)
-    return (path / "version.info").read_text(encoding="utf-8").partition("\n")[0].strip() or None if path else None
+    for path in (target.parent / "version.info", target / "version.info"):
+        if path.is_file():
+            return path.read_text(encoding="utf-8").partition("\n")[0].strip() or None
+    return None
 
 
 def find_series(target: Path, *, root: Path | None = None) -> Path:
@@ -272,8 +274,9 @@ def _judge(scratch: str, hunk: Hunk, applied: bool) -> Hunk:
         return hunk._replace(status="ALREADY APPLIED")
     lines = (Path(scratch) / hunk.file).read_bytes().decode(**_ENCODING).removesuffix("\n").split("\n")
     for number, expected in enumerate(hunk.expected, start=hunk.start):
-        if (found := repr(lines[number - 1]) if number <= len(lines) else "the end of the file") != repr(expected):
-            return hunk._replace(status="FAILS", detail=f"line {number}: expected {expected!r}, found {found}")
+        if (found := lines[number - 1] if number <= len(lines) else None) != expected:
+            where = "the end of the file" if found is None else repr(found)
+            return hunk._replace(status="FAILS", detail=f"line {number}: expected {expected!r}, found {where}")
     return hunk._replace(status="FAILS", detail=tried[1].strip().split("\n")[-1])  # git's words
 
 
