@@ -6,14 +6,14 @@ Subjects, for each path (``checkpoint``, ``early_stopping``):
   in the state where it compares and calls ``reduce_boolean_decision``; ``early_stopping``:
   ``EarlyStopping._run_early_stopping_check``. Both run inside :func:`~benchmarks._standins.stock_lightning`.
 * ``<path>/<policy>`` for every built-in policy, on a ``PolicyDDPStrategy`` carrying it:
-  :func:`lightning_ext._decisions.decide_top_k` on the same callback state, and
-  :func:`lightning_ext._decisions.run_early_stopping_check`.
+  :func:`lightning_ext._decisions.checkpoint.decide_top_k` on the same callback state, and
+  :func:`lightning_ext._decisions.checkpoint.run_early_stopping_check`.
 
 Each round runs every subject once, in an order shuffled with the same seed on every rank, with fresh random metric
 values drawn per rank (about half of the ranks vote yes, so decisions vary). Before each timed call, an untimed
 barrier lines the ranks up, so every subject starts from the same alignment. The timed region is the decision call
 alone, with ``time.perf_counter_ns``. Warm-up rounds come first and are not kept. A few further rounds count each
-subject's ``torch.distributed`` calls with :func:`lightning_ext._diagnostics.count_collectives` (untimed).
+subject's ``torch.distributed`` calls with :func:`benchmarks.helpers.collectives.count_collectives` (untimed).
 """
 
 import random
@@ -30,10 +30,10 @@ from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 from lightning.pytorch.strategies import DDPStrategy
 
 from benchmarks._standins import TrainerStandIn, policy_strategy, stock_lightning, stock_strategy
+from benchmarks.helpers.collectives import count_collectives
 from lightning_ext import available_policies
 from lightning_ext._collective import RankGroup
-from lightning_ext._decisions import decide_top_k, run_early_stopping_check
-from lightning_ext._diagnostics import count_collectives
+from lightning_ext._decisions.checkpoint import decide_top_k, run_early_stopping_check
 from lightning_ext.strategies import PolicyDDPStrategy
 
 __all__ = ["COUNT_ROUNDS", "DecisionResult", "decision_policies", "decision_subjects", "run_decisions"]

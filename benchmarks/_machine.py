@@ -10,7 +10,7 @@ from typing import Any
 import lightning
 import torch
 
-import lightning_ext._runtime
+import lightning_ext.strategies._runtime
 
 __all__ = ["default_machine", "load_average", "metadata", "slugify"]
 
@@ -50,7 +50,7 @@ def metadata(
         "torch": torch.__version__,
         "lightning": lightning.__version__,
         "lightning_ext": lightning_ext.__version__,
-        "patch_mode": lightning_ext._runtime.patch_mode(),
+        "patch_mode": lightning_ext.strategies._runtime.patch_mode(),
         "platform": platform.platform(),
         "processor": platform.processor() or platform.machine(),
         "cpu_count": os.cpu_count(),

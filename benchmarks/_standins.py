@@ -18,8 +18,7 @@ import torch
 from lightning.fabric.plugins.environments.lightning import LightningEnvironment
 from lightning.pytorch.strategies import DDPStrategy
 
-from lightning_ext import _runtime
-from lightning_ext.strategies import PolicyDDPStrategy
+from lightning_ext.strategies import PolicyDDPStrategy, _runtime
 
 __all__ = ["TrainerStandIn", "policy_strategy", "stock_lightning", "stock_strategy"]
 

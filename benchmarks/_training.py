@@ -39,7 +39,7 @@ summed per step window. Both include waiting for the slowest rank, so their diff
 is the check's own cost without the noise of the rest of the step.
 
 One untimed fit per configuration first counts every ``torch.distributed`` call with
-:func:`lightning_ext._diagnostics.count_collectives`, window by window, so the count per logging step covers exactly
+:func:`benchmarks.helpers.collectives.count_collectives`, window by window, so the count per logging step covers exactly
 the timed windows. Then the timed fits run ``repeats`` times; each repeat's fits run back to back, in a new random
 order every repeat (seeded), after a garbage collection and an ``os.sync()``, so that no configuration always follows
 the per-rank fit whose row loop has just written and freed many rows; the report compares each fit with the stock fit
@@ -66,11 +66,11 @@ from lightning.pytorch.strategies import DDPStrategy
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
 from benchmarks._standins import stock_lightning
+from benchmarks.helpers.collectives import count_collectives
 from lightning_ext import PolicyDDPStrategy
-from lightning_ext._diagnostics import count_collectives
-from lightning_ext._local_values import record_update
-from lightning_ext._lockstep import Lockstep
-from lightning_ext._rank_logger import loggers_for
+from lightning_ext._hang.lockstep import Lockstep
+from lightning_ext._per_rank.local_values import record_update
+from lightning_ext._per_rank.logger import loggers_for
 
 __all__ = ["BASELINES", "CONFIGS", "ROW_LOOPS_PER_STEP", "SKIP_STEPS", "TrainingResult", "run_training"]
 

@@ -36,11 +36,13 @@ _METHOD_NOTES = [
     " random per-rank metric values; an untimed barrier lines the ranks up before each call; the timed region is the"
     " call alone (perf_counter_ns on rank 0). Warm-up rounds are not kept.",
     "checkpoint/stock is ModelCheckpoint.check_monitor_top_k on a real DDPStrategy, in a full top-3 state so it"
-    " compares and calls reduce_boolean_decision; checkpoint/<policy> is lightning_ext._decisions.decide_top_k on the"
+    " compares and calls reduce_boolean_decision; checkpoint/<policy> is"
+    " lightning_ext._decisions.checkpoint.decide_top_k on the"
     " same state. early_stopping/stock is EarlyStopping._run_early_stopping_check; early_stopping/<policy> is"
-    " lightning_ext._decisions.run_early_stopping_check. Stock subjects run with lightning-ext's runtime seams taken"
+    " lightning_ext._decisions.checkpoint.run_early_stopping_check. Stock subjects run with lightning-ext's runtime"
+    " seams taken"
     " out.",
-    "Collectives are counted with lightning_ext._diagnostics.count_collectives() (torch.distributed calls made from"
+    "Collectives are counted with benchmarks.helpers.collectives.count_collectives() (torch.distributed calls made from"
     f" Python; DDP's gradient buckets are not counted) over {COUNT_ROUNDS} untimed decisions per subject, and over"
     " the timed windows of one untimed fit per training configuration.",
     "Training step: 2 CPU ranks, a small MLP, CSVLogger, log_every_n_steps=1, one synced and one un-synced metric."

@@ -11,7 +11,7 @@ import importlib
 import importlib.util
 from typing import TYPE_CHECKING, Any
 
-from lightning_ext._registration import register_when_lightning_loads
+from lightning_ext.strategies._registry import register_when_lightning_loads
 
 __version__ = "0.1.0.dev0"
 
@@ -30,7 +30,7 @@ _EXPORTS = {
     "PolicyFSDPStrategy": "lightning_ext.strategies",
     "PolicyMismatchError": "lightning_ext.errors",
     "PolicyModelParallelStrategy": "lightning_ext.strategies",
-    "PolicyStrategyMixin": "lightning_ext._mixin",
+    "PolicyStrategyMixin": "lightning_ext.strategies.mixin",
     "Quorum": "lightning_ext.policies",
     "RankMetricsError": "lightning_ext.rank_metrics",
     "RankMetricsWarning": "lightning_ext.rank_metrics",
@@ -74,7 +74,6 @@ if importlib.util.find_spec("deepspeed") is None:
     __all__ = [name for name in __all__ if name != "PolicyDeepSpeedStrategy"]
 
 if TYPE_CHECKING:
-    from lightning_ext._mixin import PolicyStrategyMixin
     from lightning_ext.errors import CrossRankError, LocalDecisionError, MonitorMissingError, PolicyMismatchError
     from lightning_ext.policies import (
         AggregatePolicy,
@@ -101,6 +100,7 @@ if TYPE_CHECKING:
         PolicyFSDPStrategy,
         PolicyModelParallelStrategy,
     )
+    from lightning_ext.strategies.mixin import PolicyStrategyMixin
 
 
 def __getattr__(name: str) -> Any:

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import PrefixStore, TCPStore
 
-from lightning_ext._exchange import Layout, Number
+from lightning_ext._decisions.rows import Layout, Number
 
 __all__ = [
     "RankGroup",

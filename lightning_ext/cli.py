@@ -33,10 +33,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from lightning_ext._rank_read import ReadReport, Request, read_table
-from lightning_ext._run_check import rank_ranges
-from lightning_ext._spread import MetricSpread
-from lightning_ext._spread_format import furthest_table, spread_records, spreads_csv, stats_table
+from lightning_ext._per_rank.reader import ReadReport, Request, read_table
+from lightning_ext._per_rank.run_check import rank_ranges
+from lightning_ext._per_rank.spread import MetricSpread
+from lightning_ext._per_rank.spread_format import furthest_table, spread_records, spreads_csv, stats_table
 from lightning_ext.rank_metrics import DEFAULT_FILENAME
 from lightning_ext.rank_spread import format_spread, plot_rank_curves, summarize_ranks, summarize_spread
 

@@ -41,8 +41,7 @@ from typing import Literal
 
 import pandas as pd
 
-from lightning_ext._incomplete import describe
-from lightning_ext._metrics_csv import (
+from lightning_ext._per_rank.csv_format import (
     STEP,
     RankMetricsError,
     RankMetricsWarning,
@@ -50,11 +49,12 @@ from lightning_ext._metrics_csv import (
     check_template,
     column_name,
 )
-from lightning_ext._parted_file import PartedFile
-from lightning_ext._rank_listing import list_rank_files
-from lightning_ext._rank_read import ReadReport, Request, read_markers, read_table
-from lightning_ext._rank_storage import LocalFile, join, split_location
-from lightning_ext._run_check import MixedRunsError
+from lightning_ext._per_rank.listing import list_rank_files
+from lightning_ext._per_rank.markers import describe
+from lightning_ext._per_rank.parted_file import PartedFile
+from lightning_ext._per_rank.reader import ReadReport, Request, read_markers, read_table
+from lightning_ext._per_rank.run_check import MixedRunsError
+from lightning_ext._per_rank.storage import LocalFile, join, split_location
 
 __all__ = [
     "DEFAULT_FILENAME",

@@ -26,8 +26,8 @@ from collections.abc import Sequence
 
 import pandas as pd
 
-from lightning_ext._rank_plots import plot_rank_curves
-from lightning_ext._spread import MetricSpread, RankValue, Step, rank_values, robust_z, summarize_ranks
+from lightning_ext._per_rank.plots import plot_rank_curves
+from lightning_ext._per_rank.spread import MetricSpread, RankValue, Step, rank_values, robust_z, summarize_ranks
 
 __all__ = [
     "MetricSpread",

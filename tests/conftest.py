@@ -56,7 +56,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     if expected:
         import lightning
 
-        import lightning_ext._runtime
+        import lightning_ext.strategies._runtime
 
-        if lightning_ext._runtime.patch_mode() != "native" or not lightning.__file__.startswith(expected):
+        if lightning_ext.strategies._runtime.patch_mode() != "native" or not lightning.__file__.startswith(expected):
             raise pytest.UsageError(f"expected the patched Lightning at {expected}, got {lightning.__file__}")

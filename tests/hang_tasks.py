@@ -125,8 +125,8 @@ def lockstep_verdicts(namespace: str, identities: list[Any]) -> list[Any]:
     import torch.distributed as dist
 
     from lightning_ext._collective import side_group
-    from lightning_ext._lockstep import Lockstep, Point
-    from lightning_ext._watchdog import Watchdog
+    from lightning_ext._hang.lockstep import Lockstep, Point
+    from lightning_ext._hang.watchdog import Watchdog
 
     lockstep = _LOCKSTEPS.get(namespace)
     if lockstep is None:

@@ -17,8 +17,8 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from torch.utils.data import DataLoader, TensorDataset
 
+from benchmarks.helpers.collectives import count_collectives
 from lightning_ext import PolicyDDPStrategy
-from lightning_ext._diagnostics import count_collectives
 
 
 class ScriptedModule(L.LightningModule):

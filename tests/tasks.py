@@ -13,10 +13,10 @@ import torch
 import torch.distributed as dist
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from lightning_ext import _decisions as decisions
 from lightning_ext._collective import RankGroup, all_reduce_row
-from lightning_ext._exchange import Layout, Observation, pack, unpack
-from lightning_ext._local_top_k import LocalTopK
+from lightning_ext._decisions import checkpoint as decisions
+from lightning_ext._decisions.local_top_k import LocalTopK
+from lightning_ext._decisions.rows import Layout, Observation, pack, unpack
 from lightning_ext.policies import DecisionPolicy, Quorum, VotePolicy, VoteTally, resolve_policy
 from tests import _stand_ins
 from tests._stand_ins import (

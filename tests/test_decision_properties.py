@@ -19,7 +19,7 @@ import torch.distributed as dist
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from lightning_ext._exchange import Observation
+from lightning_ext._decisions.rows import Observation
 from tests import _reference, tasks
 from tests._pool import RankFailure
 

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lightning_ext._exchange import Layout, Observation, _order_key, combine, pack, unpack
+from lightning_ext._decisions.rows import Layout, Observation, _order_key, combine, pack, unpack
 from tests._reference import aggregate as reference_aggregate
 
 SPECIAL = [math.inf, -math.inf, math.nan, 0.0, -0.0]

@@ -156,7 +156,7 @@ def test_apply_is_idempotent_and_revert_restores_the_original_bytes(tmp_path: Pa
 
 _SEAMS = """
 import importlib, json
-import lightning_ext._runtime as runtime
+import lightning_ext.strategies._runtime as runtime
 from lightning_ext import PolicyDDPStrategy
 
 SEAMS = [

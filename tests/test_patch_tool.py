@@ -406,7 +406,7 @@ def test_importing_the_tool_is_light_and_patch_mode_loads_on_first_use() -> None
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert loaded.returncode == 0, loaded.stderr
     assert not {"lightning", "torch", "lightning_fabric", "pytorch_lightning"} & set(json.loads(loaded.stdout))
-    from lightning_ext._runtime import patch_mode
+    from lightning_ext.strategies._runtime import patch_mode
 
     assert patches.patch_mode() == patch_mode() and patch_mode() in ("native", "runtime")
     with pytest.raises(AttributeError, match="has no attribute 'nothing'"):

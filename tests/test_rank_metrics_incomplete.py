@@ -13,7 +13,7 @@ import lightning.pytorch  # noqa: F401  (first, as in a training script: it regi
 import pytest
 
 from lightning_ext import read_rank_metrics
-from lightning_ext._rank_logger import RankCSVLogger
+from lightning_ext._per_rank.logger import RankCSVLogger
 from lightning_ext.cli import main
 from lightning_ext.rank_metrics import RankMetricsWarning, RankMetricsWriter, incomplete_ranks
 
@@ -132,7 +132,7 @@ class _BrokenResultMetric:
 
 
 def test_a_capture_failure_never_reaches_the_step_and_is_reported_once(tmp_path, monkeypatch):
-    from lightning_ext import _local_values
+    from lightning_ext._per_rank import local_values as _local_values
 
     monkeypatch.setattr(_local_values, "_CAPTURE", _local_values._Capture())  # this test's own capture state
     _local_values.start_capture(rank=1)

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from lightning_ext import _rank_plots
+from lightning_ext._per_rank import plots as _rank_plots
 from lightning_ext.rank_spread import rank_values, robust_z, summarize_ranks
 
 RANKS = 40

@@ -35,8 +35,8 @@ from lightning_ext import (
     Quorum,
     available_policies,
 )
-from lightning_ext._deepspeed import PolicyDeepSpeedStrategy as _PolicyDeepSpeedStrategy
 from lightning_ext.policies import resolve_policy
+from lightning_ext.strategies.deepspeed import PolicyDeepSpeedStrategy as _PolicyDeepSpeedStrategy
 
 DEEPSPEED_INSTALLED = importlib.util.find_spec("deepspeed") is not None
 needs_deepspeed = pytest.mark.skipif(not DEEPSPEED_INSTALLED, reason="DeepSpeed is not installed (GPU-only package)")

@@ -16,8 +16,8 @@ from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
 
 import lightning_ext
 from lightning_ext import AggregatePolicy, AllRanks, AnyRank, PolicyDDPStrategy, Quorum, read_rank_metrics
-from lightning_ext._runtime import patch_mode
 from lightning_ext.policies import resolve_policy
+from lightning_ext.strategies._runtime import patch_mode
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -135,7 +135,7 @@ def test_runtime_seams_are_installed_on_lightning_call_sites() -> None:
     assert patch_mode() == "runtime"
     assert getattr(ModelCheckpoint._save_topk_checkpoint, "__lightning_ext_seam__", False)
     assert getattr(EarlyStopping._run_early_stopping_check, "__lightning_ext_seam__", False)
-    assert lightning_ext._runtime.seams_available()
+    assert lightning_ext.strategies._runtime.seams_available()
 
 
 def test_runtime_patching_switched_off_on_an_unpatched_lightning_is_a_clear_error() -> None:

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from lightning_ext import Quorum
-from lightning_ext._exchange import Observation
+from lightning_ext._decisions.rows import Observation
 from tests import tasks
 from tests._pool import RankFailure, RankPool, RankTimeout
 from tests.test_trainer_policies import CKPT, TABLE_3

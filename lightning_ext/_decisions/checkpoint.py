@@ -9,8 +9,8 @@ ranks becomes the same error on every rank instead of a deadlock.
 * Vote policies: each rank decides on its own exactly as stock Lightning does on that rank (the callback's own
   ``check_monitor_top_k`` / ``_evaluate_stopping_criteria`` on its local value and its own recorded scores); the
   policy turns the tally into one decision. For checkpoints, each rank votes against the top-k that stock Lightning
-  would keep on it (its own scores, its own evictions: :mod:`lightning_ext._local_top_k`), while the callback's
-  visible state (file names, paths, scores) is rank 0's bookkeeping, the one stock Lightning writes to disk,
+  would keep on it (its own scores, its own evictions: :mod:`lightning_ext._decisions.local_top_k`), while the
+  callback's visible state (file names, paths, scores) is rank 0's bookkeeping, the one stock Lightning writes to disk,
   mirrored on every rank. The score recorded for a save is rank 0's value, whatever rank 0 voted.
 * Aggregate policies: the value is reduced first; the callback's stock comparison then runs once on the agreed
   value, which is what gets recorded, identically on every rank.
@@ -34,12 +34,12 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 
 from lightning_ext._collective import RankGroup, all_gather_objects, all_reduce_row
-from lightning_ext._compat import record_nonfinite_stop, record_stop_message
-from lightning_ext._exchange import Agreement, Layout, Observation, pack, unpack
-from lightning_ext._local_top_k import LocalTopK
-from lightning_ext._lockstep import mark_joint
+from lightning_ext._decisions.local_top_k import LocalTopK
+from lightning_ext._decisions.rows import Agreement, Layout, Observation, pack, unpack
+from lightning_ext._hang.lockstep import mark_joint
 from lightning_ext.errors import LocalDecisionError, MonitorMissingError
 from lightning_ext.policies import AggregatePolicy, DecisionPolicy, VotePolicy, VoteTally
+from lightning_ext.strategies._compat import record_nonfinite_stop, record_stop_message
 
 __all__ = [
     "StopDecision",

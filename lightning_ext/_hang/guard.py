@@ -1,8 +1,8 @@
 """``HangGuard``: the strategy's hang-proofing, started at set-up and stopped at teardown.
 
-It owns this rank's :class:`~lightning_ext._lockstep.Lockstep` (the checks, on their own gloo group), its
-:class:`~lightning_ext._watchdog.Watchdog`, and switches on the logging checks (:mod:`lightning_ext._log_checks`) and
-the batch-count checks (:mod:`lightning_ext._loader_checks`). The strategy's ``reduce``, ``barrier``, ``broadcast``
+It owns this rank's :class:`~lightning_ext._hang.lockstep.Lockstep` (the checks, on their own gloo group), its
+:class:`~lightning_ext._hang.watchdog.Watchdog`, and switches on the logging checks (:mod:`lightning_ext._hang.logs`)
+and the batch-count checks (:mod:`lightning_ext._hang.loaders`). The strategy's ``reduce``, ``barrier``, ``broadcast``
 and ``all_gather`` ask it to check first; when a fit/validate/test fails on a rank, :meth:`HangGuard.on_failure`
 posts the error for the other ranks (their watchdogs abort what the backend can abort), so every rank ends with the
 same error.
@@ -16,9 +16,11 @@ from typing import Any, Literal
 from lightning.pytorch.trainer.states import TrainerStatus
 from torch import Tensor
 
-from lightning_ext import _collective, _loader_checks, _log_checks
-from lightning_ext._lockstep import Lockstep, Point, is_joint, raise_record, record_of
-from lightning_ext._watchdog import Watchdog
+from lightning_ext import _collective
+from lightning_ext._hang import loaders as _loader_checks
+from lightning_ext._hang import logs as _log_checks
+from lightning_ext._hang.lockstep import Lockstep, Point, is_joint, raise_record, record_of
+from lightning_ext._hang.watchdog import Watchdog
 
 __all__ = ["HangChecks", "HangGuard", "UnevenMode", "validate_options"]
 
@@ -124,7 +126,7 @@ class HangGuard:
 
 def _called_as(frame: Any) -> str:
     """``(via Trainer.log_dir) called from model.py:40 in validation_step``: the API the user called, and where."""
-    from lightning_ext._watchdog import _is_library
+    from lightning_ext._hang.watchdog import _is_library
 
     api = None
     while frame is not None:

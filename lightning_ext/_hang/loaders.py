@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 from lightning.pytorch.utilities import rank_zero_warn
 
-from lightning_ext._lockstep import Lockstep, Point
+from lightning_ext._hang.lockstep import Lockstep, Point
 
 __all__ = ["LoaderChecks", "active", "start", "stop"]
 
@@ -122,7 +122,7 @@ class LoaderChecks:
         same_loaders = all(p.kind == "loaders" and p.detail["names"] == names for p in points)
         finite = same_loaders and all(not math.isinf(c) for p in points for c in p.detail["counts"])
         if self.mode != "truncate" or not finite:
-            from lightning_ext._messages import describe_divergence
+            from lightning_ext._hang.messages import describe_divergence
 
             self.lockstep.fail_jointly(describe_divergence(points))
         agreed = [min(p.detail["counts"][i] for p in points) for i in range(len(names))]
@@ -196,7 +196,7 @@ def _truncation_note(name: str, points: list[Point]) -> str:
 
 def _unsized_error(name: str, points: list[Point]) -> Any:
     from lightning_ext import errors
-    from lightning_ext._messages import FIXES
+    from lightning_ext._hang.messages import FIXES
 
     ran_out = [rank for rank, p in enumerate(points) if p.detail["done"]]
     more = [rank for rank, p in enumerate(points) if not p.detail["done"]]

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 from lightning_ext import _collective, errors
-from lightning_ext._watchdog import ErrorRecord, Location, Watchdog
+from lightning_ext._hang.watchdog import ErrorRecord, Location, Watchdog
 
 __all__ = ["Lockstep", "Point", "is_joint", "mark_joint", "raise_record"]
 
@@ -225,13 +225,13 @@ def raise_record(record: ErrorRecord, cause: BaseException | None = None) -> NoR
 
 def divergence_error(points: list[Point]) -> errors.CrossRankError:
     """The error for ranks that reached different points (every rank builds the same one from the same points)."""
-    from lightning_ext._messages import describe_divergence
+    from lightning_ext._hang.messages import describe_divergence
 
     return describe_divergence(points)
 
 
 def deadlock_error(point: Point, rank: int, stuck: list[Location]) -> errors.CrossRankError:
     """The error for ranks that never reached ``point``: they are blocked in another collective."""
-    from lightning_ext._messages import describe_deadlock
+    from lightning_ext._hang.messages import describe_deadlock
 
     return describe_deadlock(point, rank, stuck)

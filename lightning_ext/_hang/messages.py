@@ -9,8 +9,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from lightning_ext import errors
-from lightning_ext._lockstep import Point
-from lightning_ext._watchdog import Location
+from lightning_ext._hang.lockstep import Point
+from lightning_ext._hang.watchdog import Location
 
 __all__ = ["FIXES", "describe_deadlock", "describe_divergence", "error_class"]
 

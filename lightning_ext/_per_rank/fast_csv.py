@@ -3,7 +3,7 @@
 A per-rank file's data rows hold numbers only, one row per line. The fast path hands the data lines to the engine,
 which counts the fields of every row (pyarrow does; for pandas, :func:`_pandas` checks them) and converts the
 cells: ``step`` to int64 (and ``epoch``, with pyarrow; NaN where missing), the other columns to float64. Anything
-unusual sends the file down the exact path instead, the row-by-row checks of :mod:`lightning_ext._metrics_csv`
+unusual sends the file down the exact path instead, the row-by-row checks of :mod:`lightning_ext._per_rank.csv_format`
 (:func:`parse_exact`), which name the file, line and column of a problem: a quote anywhere in the data (quoting is
 for names), a row of another length, a cell the engine cannot convert, a NaN spelled otherwise than ``nan``
 (pyarrow reads ``-nan``, pandas does not), or, found by the caller's checks of ``step``, a blank line (the engines
@@ -32,7 +32,7 @@ import numpy as np
 import pandas as pd
 from numpy.typing import NDArray
 
-from lightning_ext._metrics_csv import EPOCH, NA_CELLS, STEP, decode, parse_body, split_header
+from lightning_ext._per_rank.csv_format import EPOCH, NA_CELLS, STEP, decode, parse_body, split_header
 
 __all__ = ["BLOCK_BYTES", "ENGINES", "Layout", "default_engine", "parse", "parse_exact", "parse_pieces", "split_file"]
 

@@ -2,15 +2,15 @@
 
 ``RankCSVLogger`` receives exactly the rows the trainer's loggers receive: the same keys, the same steps, the same
 ``epoch`` column. Before each row is written, every synced value is swapped for its local counterpart
-(:mod:`lightning_ext._local_values`). Values that exist on rank 0 only (``rank_zero_only=True``) are left out of the
-other ranks' files. The file format, buffering and crash safety are those of
+(:mod:`lightning_ext._per_rank.local_values`). Values that exist on rank 0 only (``rank_zero_only=True``) are left out
+of the other ranks' files. The file format, buffering and crash safety are those of
 :class:`~lightning_ext.rank_metrics.RankMetricsWriter`.
 
 Per-rank files are a diagnostic, so they never end or stall a run: any error while capturing, computing or writing a
 rank's row (a full or unwritable disk, a ``torchmetrics`` ``compute()`` that fails locally) gives one
 :class:`~lightning_ext.rank_metrics.RankMetricsWarning` on that rank, naming the file and the error. That rank's
 output then stops for the rest of the process (what was buffered is still written if it can be), its file is marked
-incomplete (:mod:`lightning_ext._incomplete`), and training and the other ranks' files go on. No collective is
+incomplete (:mod:`lightning_ext._per_rank.markers`), and training and the other ranks' files go on. No collective is
 involved, so no other rank waits.
 
 Where the trainer has loggers, this logger is appended to ``trainer.loggers`` for the run, so it also sees rows that
@@ -29,10 +29,10 @@ from lightning.pytorch.loggers import Logger
 from torch import Tensor
 from typing_extensions import override
 
-from lightning_ext import _local_values
-from lightning_ext._incomplete import SUFFIX, encode_marker, read_markers, remove_markers, write_marker
-from lightning_ext._local_values import OMITTED, local_values_for
-from lightning_ext._rank_storage import join, write_whole
+from lightning_ext._per_rank import local_values as _local_values
+from lightning_ext._per_rank.local_values import OMITTED, local_values_for
+from lightning_ext._per_rank.markers import SUFFIX, encode_marker, read_markers, remove_markers, write_marker
+from lightning_ext._per_rank.storage import join, write_whole
 from lightning_ext.rank_metrics import PerRankMetrics, RankMetricsWarning, RankMetricsWriter
 
 __all__ = ["RankCSVLogger", "loggers_for"]
@@ -259,7 +259,7 @@ class RankCSVLogger(Logger):
 def loggers_for(trainer: Any, metrics: dict[str, Any]) -> list[Logger]:
     """The loggers one ``log_metrics`` call must reach: the trainer's, plus this rank's per-rank logger.
 
-    The logger connector's seam calls this before it logs a row (see :mod:`lightning_ext._runtime`).
+    The logger connector's seam calls this before it logs a row (see :mod:`lightning_ext.strategies._runtime`).
     """
     loggers: list[Logger] = trainer.loggers
     rank_logger: RankCSVLogger | None = getattr(trainer.strategy, "rank_metrics_logger", None)

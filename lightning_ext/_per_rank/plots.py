@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 from numpy.typing import NDArray
 
-from lightning_ext._spread import MAD_SCALE, MEAN_AD_SCALE, metric_names
+from lightning_ext._per_rank.spread import MAD_SCALE, MEAN_AD_SCALE, metric_names
 
 __all__ = [
     "BANDS",

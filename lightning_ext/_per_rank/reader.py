@@ -2,11 +2,11 @@
 
 :func:`read_table` does the work of :func:`lightning_ext.rank_metrics.read_rank_metrics` and the ``lightning-ext
 ranks`` command. Files are read in the table's order (rank, then file and parts); each is parsed (see
-:mod:`lightning_ext._fast_csv`), checked, cut to the step range, and written straight into the table's columns
-(:mod:`lightning_ext._columns`), so the rows are never held twice. What was noticed on the way
+:mod:`lightning_ext._per_rank.fast_csv`), checked, cut to the step range, and written straight into the table's columns
+(:mod:`lightning_ext._per_rank.columns`), so the rows are never held twice. What was noticed on the way
 (incomplete ranks, torn lines, files skipped) goes into a :class:`ReadReport`, filled as it is found, so the caller
 has it even when an error ends the read; whether the files come from one run is checked by
-:mod:`lightning_ext._run_check`.
+:mod:`lightning_ext._per_rank.run_check`.
 """
 
 from collections.abc import Iterable, Sequence
@@ -17,13 +17,21 @@ import numpy as np
 import pandas as pd
 from numpy.typing import NDArray
 
-from lightning_ext._columns import Columns
-from lightning_ext._fast_csv import ENGINES, Layout, default_engine, parse_exact, parse_pieces, split_file
-from lightning_ext._incomplete import describe, parse_marker
-from lightning_ext._metrics_csv import EPOCH, RANK, STEP, RankMetricsError, check_header, check_template, whole_numbers
-from lightning_ext._parted_file import read_chunks
-from lightning_ext._rank_listing import RankFiles, list_rank_files
-from lightning_ext._run_check import RankInfo, check_one_run, check_rotations, rank_ranges
+from lightning_ext._per_rank.columns import Columns
+from lightning_ext._per_rank.csv_format import (
+    EPOCH,
+    RANK,
+    STEP,
+    RankMetricsError,
+    check_header,
+    check_template,
+    whole_numbers,
+)
+from lightning_ext._per_rank.fast_csv import ENGINES, Layout, default_engine, parse_exact, parse_pieces, split_file
+from lightning_ext._per_rank.listing import RankFiles, list_rank_files
+from lightning_ext._per_rank.markers import describe, parse_marker
+from lightning_ext._per_rank.parted_file import read_chunks
+from lightning_ext._per_rank.run_check import RankInfo, check_one_run, check_rotations, rank_ranges
 
 __all__ = ["ReadReport", "Request", "read_markers", "read_table"]
 
@@ -136,7 +144,7 @@ def read_table(log_dir: str, filename: str, request: "Request", report: ReadRepo
 
 
 def read_markers(found: RankFiles) -> list[tuple[int, tuple[dict[str, Any], str]]]:
-    """Each marked rank, in order, with its marker's record and path (see :mod:`lightning_ext._incomplete`)."""
+    """Each marked rank, in order, with its marker's record and path (see :mod:`lightning_ext._per_rank.markers`)."""
     return [
         (rank, (parse_marker(found.fs.cat_file(path), found.shown(path)), path))
         for rank, path in sorted(found.markers.items())

@@ -24,7 +24,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from lightning_ext._metrics_csv import RankMetricsError
+from lightning_ext._per_rank.csv_format import RankMetricsError
 
 __all__ = ["MixedRunsError", "RankInfo", "check_one_run", "check_rotations", "rank_ranges"]
 

@@ -1,6 +1,6 @@
 """The numbers behind :mod:`lightning_ext.rank_spread`: one value per rank, a robust z-score, a summary at any scale.
 
-Pure pandas and NumPy, no plotting; :mod:`lightning_ext._rank_plots` draws from the same numbers.
+Pure pandas and NumPy, no plotting; :mod:`lightning_ext._per_rank.plots` draws from the same numbers.
 """
 
 from collections.abc import Sequence

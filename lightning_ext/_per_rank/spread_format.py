@@ -24,7 +24,7 @@ from typing import Any
 
 import pandas as pd
 
-from lightning_ext._spread import MetricSpread, RankValue
+from lightning_ext._per_rank.spread import MetricSpread, RankValue
 
 __all__ = ["OUTLIER", "furthest_table", "json_number", "spread_records", "spreads_csv", "stats_table"]
 

@@ -2,9 +2,9 @@
 
 :class:`LocalFile` (a plain path or a ``file://`` URL) appends each flush with one ``os.write`` on an ``O_APPEND``
 descriptor and rewrites the file atomically (temporary file, ``fsync``, rename) when the header grows; see
-:mod:`lightning_ext._durable`. Other filesystems get :class:`lightning_ext._parted_file.PartedFile`. A storage has
-``start`` (rotate or resume what is there), ``write`` (one flush), ``settle`` (make the last rename durable, once the
-writer counted the rows), ``close`` and ``discard``.
+:mod:`lightning_ext._per_rank.durable`. Other filesystems get :class:`lightning_ext._per_rank.parted_file.PartedFile`. A
+storage has ``start`` (rotate or resume what is there), ``write`` (one flush), ``settle`` (make the last rename durable,
+once the writer counted the rows), ``close`` and ``discard``.
 
 Example:
     >>> join("s3://bucket/logs", "rank_0/metrics.csv")
@@ -27,14 +27,7 @@ from fsspec import AbstractFileSystem
 from fsspec.core import url_to_fs
 from fsspec.implementations.local import LocalFileSystem
 
-from lightning_ext._durable import (
-    append_all,
-    complete_prefix_length,
-    fsync_directory,
-    open_for_append,
-    replace_atomically,
-)
-from lightning_ext._metrics_csv import (
+from lightning_ext._per_rank.csv_format import (
     STEP,
     Cell,
     RankMetricsWarning,
@@ -44,6 +37,13 @@ from lightning_ext._metrics_csv import (
     iter_records,
     split_header,
     whole_number,
+)
+from lightning_ext._per_rank.durable import (
+    append_all,
+    complete_prefix_length,
+    fsync_directory,
+    open_for_append,
+    replace_atomically,
 )
 
 __all__ = [

@@ -22,7 +22,7 @@ import torch
 from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 from torch.utils.data import DataLoader, TensorDataset
 
-from lightning_ext._demo_hang import PITFALLS, run_pitfall
+from lightning_ext.demo.pitfalls import PITFALLS, run_pitfall
 from lightning_ext.policies import Quorum
 from lightning_ext.rank_metrics import read_rank_metrics
 from lightning_ext.rank_spread import format_spread, summarize_spread

@@ -13,7 +13,7 @@ import os
 import time
 from typing import Any
 
-from lightning_ext._demo_hang import PITFALLS
+from lightning_ext.demo.pitfalls import PITFALLS
 
 
 def _train(pitfall: str, devices: int, out_dir: str) -> None:

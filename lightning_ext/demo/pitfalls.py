@@ -1,7 +1,7 @@
 """The demo's second part: two pitfalls that freeze stock DDP, each ending in one error on every rank.
 
-:func:`run_pitfall` copies the pitfall model (:mod:`lightning_ext._demo_pitfall`, a user's training script) into the
-run's directory, launches it there in a fresh process group, and reads back what each rank raised.
+:func:`run_pitfall` copies the pitfall model (:mod:`lightning_ext.demo.pitfall_model`, a user's training script) into
+the run's directory, launches it there in a fresh process group, and reads back what each rank raised.
 """
 
 import json
@@ -26,7 +26,7 @@ def run_pitfall(pitfall: str, devices: int, out_dir: str, timeout: float = 180.0
     """Train with ``pitfall`` on ``devices`` CPU ranks in a fresh launch; each rank's outcome, rank order."""
     os.makedirs(out_dir, exist_ok=True)
     environment = {key: value for key, value in os.environ.items() if key not in _LAUNCH_VARIABLES}
-    script = shutil.copy(Path(__file__).with_name("_demo_pitfall.py"), os.path.join(out_dir, "pitfall_model.py"))
+    script = shutil.copy(Path(__file__).with_name("pitfall_model.py"), os.path.join(out_dir, "pitfall_model.py"))
     command = [sys.executable, script, pitfall, out_dir, "--devices", str(devices)]
     # Lightning's banners stay out of the demo's output; they are shown if the launch itself fails
     done = subprocess.run(command, env=environment, timeout=timeout, capture_output=True, text=True)

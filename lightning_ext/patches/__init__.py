@@ -13,6 +13,6 @@ __all__ = ["PatchError", "SeriesNotApplicableError", "SeriesReport", "apply", "c
 
 def patch_mode() -> Literal["native", "runtime"]:
     """``"native"`` when the imported Lightning carries every seam of the series, else ``"runtime"``; imports it."""
-    from lightning_ext._runtime import patch_mode as mode  # Lightning and torch: only when asked
+    from lightning_ext.strategies._runtime import patch_mode as mode  # Lightning and torch: only when asked
 
     return mode()

@@ -17,7 +17,7 @@ from types import ModuleType
 __all__ = ["register_when_lightning_loads"]
 
 _TRIGGER = "lightning.pytorch"
-_STRATEGIES = "lightning_ext.strategies"  # importing it registers the names
+_STRATEGIES = "lightning_ext.strategies.ddp"  # importing it registers the names
 
 
 def register_when_lightning_loads() -> None:

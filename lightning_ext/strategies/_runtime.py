@@ -11,15 +11,15 @@ optional hook, and use it if the strategy has one:
 * ``EarlyStopping._run_early_stopping_check`` → ``strategy.run_early_stopping_with_policy(callback, trainer)``;
 * ``_LoggerConnector.log_metrics`` → ``strategy.loggers_for_log_metrics(trainer, metrics)``: the loggers for this
   call (the per-rank logger is added);
-* ``_ResultMetric.forward`` hands each logged value to :mod:`lightning_ext._local_values`, which keeps what a later
-  sync would overwrite while a strategy has capture switched on (natively through ``result._local_value_recorder``,
-  which :func:`~lightning_ext._local_values.start_capture` sets);
-* the hang checks' seams (:mod:`lightning_ext._hang_hooks`): a logged value's syncs, an epoch's syncs, each batch, the
+* ``_ResultMetric.forward`` hands each logged value to :mod:`lightning_ext._per_rank.local_values`, which keeps what a
+  later sync would overwrite while a strategy has capture switched on (natively through
+  ``result._local_value_recorder``, which :func:`~lightning_ext._per_rank.local_values.start_capture` sets);
+* the hang checks' seams (:mod:`lightning_ext._hang.hooks`): a logged value's syncs, an epoch's syncs, each batch, the
   batch counts, each fetch; and ``Trainer._run`` → ``strategy.on_run_failure(error)``.
 
 ``patches/`` writes these guards into Lightning's sources; each patched class carries ``_LIGHTNING_EXT_SEAM``, the
 level of the series it was patched with (1: decisions and per-rank output, 2: also the hang checks). On a patched
-Lightning, :func:`install` connects the native hang seams to :mod:`lightning_ext._hang_hooks` and wraps nothing; on
+Lightning, :func:`install` connects the native hang seams to :mod:`lightning_ext._hang.hooks` and wraps nothing; on
 an unpatched one it wraps the same methods at run time, after checking that each still has the signature the wrapper
 was written for (:func:`check_signatures`). Stock strategies have no hooks and no checks run, so they behave exactly
 as before.
@@ -43,8 +43,10 @@ from lightning.pytorch.strategies import ParallelStrategy
 from lightning.pytorch.trainer.connectors.logger_connector.logger_connector import _LoggerConnector
 from lightning.pytorch.trainer.connectors.logger_connector.result import _ResultCollection, _ResultMetric
 
-from lightning_ext import _compat, _hang_hooks, _local_values
-from lightning_ext._signatures import CALLED, check_signatures
+from lightning_ext._hang import hooks as _hang_hooks
+from lightning_ext._per_rank import local_values as _local_values
+from lightning_ext.strategies import _compat
+from lightning_ext.strategies._signatures import CALLED, check_signatures
 
 __all__ = ["install", "patch_mode", "runtime_patching_enabled", "seams_available"]
 

@@ -1,11 +1,12 @@
 """The parameters lightning-ext expects of the private Lightning methods it wraps or calls, and the check.
 
-A runtime wrapper (:mod:`lightning_ext._runtime`) forwards its calls to the method it wraps, and the decisions call a
-few of Lightning's private methods directly (:mod:`lightning_ext._decisions`, :mod:`lightning_ext._local_values`).
-Private methods change between releases without notice: a wrapper that forwards the wrong arguments would misbehave
-quietly. So before it wraps anything, lightning-ext compares each method's parameter names with the ones recorded
-here, which hold on every verified release (:data:`lightning_ext._compat.VERIFIED`), and stops with an error that
-names the method, both signatures and the Lightning version when one differs.
+A runtime wrapper (:mod:`lightning_ext.strategies._runtime`) forwards its calls to the method it wraps, and the
+decisions call a few of Lightning's private methods directly (:mod:`lightning_ext._decisions.checkpoint`,
+:mod:`lightning_ext._per_rank.local_values`). Private methods change between releases without notice: a wrapper that
+forwards the wrong arguments would misbehave quietly. So before it wraps anything, lightning-ext compares each method's
+parameter names with the ones recorded here, which hold on every verified release
+(:data:`lightning_ext.strategies._compat.VERIFIED`), and stops with an error that names the method, both signatures and
+the Lightning version when one differs.
 """
 
 import inspect
@@ -19,12 +20,12 @@ from lightning.pytorch.loops.fit_loop import _FitLoop
 from lightning.pytorch.trainer.connectors.logger_connector.logger_connector import _LoggerConnector
 from lightning.pytorch.trainer.connectors.logger_connector.result import _ResultCollection, _ResultMetric
 
-from lightning_ext import _compat
+from lightning_ext.strategies import _compat
 
 __all__ = ["CALLED", "SIGNATURES", "check_signatures"]
 
 SIGNATURES: dict[tuple[type, str], tuple[tuple[str, ...], ...]] = {
-    # wrapped at run time (lightning_ext._runtime)
+    # wrapped at run time (lightning_ext.strategies._runtime)
     (ModelCheckpoint, "_save_topk_checkpoint"): (("self", "trainer", "monitor_candidates"),),
     (ModelCheckpoint, "on_train_batch_end"): (("self", "trainer", "pl_module", "outputs", "batch", "batch_idx"),),
     (EarlyStopping, "_run_early_stopping_check"): (("self", "trainer"),),
@@ -38,7 +39,7 @@ SIGNATURES: dict[tuple[type, str], tuple[tuple[str, ...], ...]] = {
     (_EvaluationLoop, "max_batches"): (("self",),),  # a property: its getter
     (_PrefetchDataFetcher, "__next__"): (("self",),),
     (Trainer, "_run"): (("self", "model", "ckpt_path"), ("self", "model", "ckpt_path", "weights_only")),  # 2.5, 2.6
-    # called (lightning_ext._decisions, lightning_ext._local_values), on a patched Lightning too
+    # called (lightning_ext._decisions.checkpoint, lightning_ext._per_rank.local_values), on a patched Lightning too
     (ModelCheckpoint, "_monitor_candidates"): (("self", "trainer"),),
     (ModelCheckpoint, "check_monitor_top_k"): (("self", "trainer", "current"),),
     (ModelCheckpoint, "_update_best_and_save"): (("self", "current", "trainer", "monitor_candidates"),),

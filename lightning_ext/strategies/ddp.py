@@ -38,19 +38,19 @@ from torch.distributed.constants import default_pg_timeout
 from torch.nn import Module
 from typing_extensions import override
 
-from lightning_ext import _deepspeed
-from lightning_ext._hang_guard import HangChecks, UnevenMode
-from lightning_ext._mixin import PolicyStrategyMixin
-from lightning_ext._names import register_policy_names
+from lightning_ext._hang.guard import HangChecks, UnevenMode
 from lightning_ext.policies import PolicyLike
 from lightning_ext.rank_metrics import PerRankMetrics
+from lightning_ext.strategies import deepspeed as _deepspeed
+from lightning_ext.strategies._names import register_policy_names
+from lightning_ext.strategies.mixin import PolicyStrategyMixin
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import CPUOffload, MixedPrecision, ShardingStrategy
     from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
-    from lightning_ext._deepspeed import PolicyDeepSpeedStrategy
+    from lightning_ext.strategies.deepspeed import PolicyDeepSpeedStrategy
 
     _POLICY = set[type[Module]] | Callable[[Module, bool, int], bool] | ModuleWrapPolicy
     _SHARDING_STRATEGY = ShardingStrategy | Literal["FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD"]

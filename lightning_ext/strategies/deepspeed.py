@@ -21,11 +21,11 @@ from lightning.pytorch.strategies import DeepSpeedStrategy
 from torch.distributed.constants import default_pg_timeout
 from typing_extensions import override
 
-from lightning_ext._hang_guard import HangChecks, UnevenMode
-from lightning_ext._mixin import PolicyStrategyMixin
-from lightning_ext._names import register_policy_names
+from lightning_ext._hang.guard import HangChecks, UnevenMode
 from lightning_ext.policies import PolicyLike
 from lightning_ext.rank_metrics import PerRankMetrics
+from lightning_ext.strategies._names import register_policy_names
+from lightning_ext.strategies.mixin import PolicyStrategyMixin
 
 __all__ = ["PolicyDeepSpeedStrategy", "require_deepspeed"]
 

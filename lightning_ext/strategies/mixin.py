@@ -2,9 +2,10 @@
 
 Lightning's ``ModelCheckpoint``/``EarlyStopping`` and logger connector reach the strategy through optional hooks
 (``save_topk_with_policy``, ``prepare_topk_decision``, ``run_early_stopping_with_policy``, ``loggers_for_log_metrics``;
-see :mod:`lightning_ext._runtime`). The mixin provides them and delegates to :mod:`lightning_ext._decisions` and
-:mod:`lightning_ext._rank_logger`. Everything else it adds happens once, at set-up: one gather, after which every rank
-validates what every rank brought, so a misconfiguration raises the same error on every rank.
+see :mod:`lightning_ext.strategies._runtime`). The mixin provides them and delegates to
+:mod:`lightning_ext._decisions.checkpoint` and :mod:`lightning_ext._per_rank.logger`. Everything else it adds happens
+once, at set-up: one gather, after which every rank validates what every rank brought, so a misconfiguration raises the
+same error on every rank.
 """
 
 import inspect
@@ -15,14 +16,17 @@ from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
 from lightning.pytorch.strategies import ParallelStrategy, Strategy
 from typing_extensions import override
 
-from lightning_ext import _collective, _decisions, _local_values, _runtime
+from lightning_ext import _collective
 from lightning_ext._collective import RankGroup, all_gather_objects
-from lightning_ext._hang_guard import HangChecks, HangGuard, UnevenMode, validate_options
-from lightning_ext._lockstep import mark_joint
-from lightning_ext._rank_logger import RankCSVLogger, loggers_for
+from lightning_ext._decisions import checkpoint as _decisions
+from lightning_ext._hang.guard import HangChecks, HangGuard, UnevenMode, validate_options
+from lightning_ext._hang.lockstep import mark_joint
+from lightning_ext._per_rank import local_values as _local_values
+from lightning_ext._per_rank.logger import RankCSVLogger, loggers_for
 from lightning_ext.errors import PolicyMismatchError
 from lightning_ext.policies import DecisionPolicy, PolicyLike, resolve_policy
 from lightning_ext.rank_metrics import PerRankMetrics
+from lightning_ext.strategies import _runtime
 
 __all__ = ["PolicyStrategyMixin"]
 
@@ -291,7 +295,8 @@ def _check_base(cls: type) -> None:
 
     ``cls`` must be a ``ParallelStrategy``, with the mixin before every strategy class in its bases, and its
     ``reduce_boolean_decision`` must take Lightning's calls (``(decision)`` and ``(decision, all=False)``) and let the
-    policies swap in each rank's own decision (an instance attribute, as :mod:`lightning_ext._decisions` does).
+    policies swap in each rank's own decision (an instance attribute, as :mod:`lightning_ext._decisions.checkpoint`
+    does).
     """
     if not issubclass(cls, ParallelStrategy):
         raise TypeError(

@@ -23,10 +23,10 @@ def _files(directory: Path) -> dict[str, str]:
 def main() -> None:
     import lightning
 
-    import lightning_ext._runtime
+    import lightning_ext.strategies._runtime
 
     work = Path(sys.argv[1])
-    outcomes: dict = {"patch_mode": lightning_ext._runtime.patch_mode(), "lightning": lightning.__file__}
+    outcomes: dict = {"patch_mode": lightning_ext.strategies._runtime.patch_mode(), "lightning": lightning.__file__}
     pool = RankPool(3)
     try:
         for name in ("stock", "default", "mean", "majority", "rank_zero"):

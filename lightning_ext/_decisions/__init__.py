@@ -1,0 +1,1 @@
+"""The cross-rank decisions of ``ModelCheckpoint`` and ``EarlyStopping`` (see ``docs/architecture.md``)."""

@@ -1,0 +1,1 @@
+"""Every rank's own metrics file: written, read, checked and summarized (``docs/per-rank-metrics.md``)."""

@@ -1,0 +1,1 @@
+"""``python -m lightning_ext.demo``: every policy on a tiny DDP run, then two pitfalls that freeze stock DDP."""
