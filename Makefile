@@ -9,8 +9,8 @@ VENV_25 := .venv-lightning-2.5
 # The core suite, what CI also runs against Lightning 2.5.6: every test and doctest but two that do not depend on the
 # Lightning release and run once, under `make test`: the benchmark smoke runs (tests/test_benchmarks.py) and the
 # wheel build. It includes the 2.5.6 patch series applied and run natively (tests/test_native_patches.py).
-CORE := --ignore=tests/test_benchmarks.py \
-	--deselect tests/test_patch_tool.py::test_the_built_wheel_ships_the_series_and_the_installed_tool_checks_it
+CORE := --ignore=tests/benchmarks/test_comm.py \
+	--deselect tests/patches/test_tool.py::test_the_built_wheel_ships_the_series_and_the_installed_tool_checks_it
 
 setup:
 	scripts/bootstrap.sh .venv $(LIGHTNING)

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 import pytest
 from hypothesis import HealthCheck, settings
 
-from tests._pool import RankPool
+from tests.helpers.pool import RankPool
 
 _HEALTH = [HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
 settings.register_profile("ci", max_examples=100, deadline=None, derandomize=True, suppress_health_check=_HEALTH)

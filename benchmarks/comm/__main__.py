@@ -17,17 +17,17 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from benchmarks._chart import write_chart
-from benchmarks._decisions import COUNT_ROUNDS
-from benchmarks._gpu import gpu_sessions
-from benchmarks._launch import SessionFailed, run_session
-from benchmarks._machine import default_machine, load_average, metadata
-from benchmarks._plan import FULL, SMOKE, Counts, SessionSpec, plan_sessions, progress_units, session_timeout_s
-from benchmarks._report import build_rows, check_targets, markdown, write_json
-from benchmarks._row_cost import row_costs
-from benchmarks._session import SessionResult
-from benchmarks._sync_cost import sync_costs
-from benchmarks._training import ROW_LOOPS_PER_STEP, SKIP_STEPS
+from benchmarks.comm.chart import write_chart
+from benchmarks.comm.decisions import COUNT_ROUNDS
+from benchmarks.comm.gpu import gpu_sessions
+from benchmarks.comm.launch import SessionFailed, run_session
+from benchmarks.comm.plan import FULL, SMOKE, Counts, SessionSpec, plan_sessions, progress_units, session_timeout_s
+from benchmarks.comm.report import build_rows, check_targets, markdown, write_json
+from benchmarks.comm.row_cost import row_costs
+from benchmarks.comm.session import SessionResult
+from benchmarks.comm.sync_cost import sync_costs
+from benchmarks.comm.training import ROW_LOOPS_PER_STEP, SKIP_STEPS
+from benchmarks.helpers.machine import default_machine, load_average, metadata
 
 __all__ = ["main"]
 

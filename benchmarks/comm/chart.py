@@ -9,7 +9,7 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from benchmarks._report import LATENCY_TARGET, STEP_TARGET, Row
+from benchmarks.comm.report import LATENCY_TARGET, STEP_TARGET, Row
 
 __all__ = ["write_chart"]
 

@@ -4,7 +4,7 @@ Subjects, for each path (``checkpoint``, ``early_stopping``):
 
 * ``<path>/stock``: stock Lightning on a real ``DDPStrategy``. ``checkpoint``: ``ModelCheckpoint.check_monitor_top_k``
   in the state where it compares and calls ``reduce_boolean_decision``; ``early_stopping``:
-  ``EarlyStopping._run_early_stopping_check``. Both run inside :func:`~benchmarks._standins.stock_lightning`.
+  ``EarlyStopping._run_early_stopping_check``. Both run inside :func:`~benchmarks.comm.stock.stock_lightning`.
 * ``<path>/<policy>`` for every built-in policy, on a ``PolicyDDPStrategy`` carrying it:
   :func:`lightning_ext._decisions.checkpoint.decide_top_k` on the same callback state, and
   :func:`lightning_ext._decisions.checkpoint.run_early_stopping_check`.
@@ -29,7 +29,7 @@ import torch.distributed as dist
 from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 from lightning.pytorch.strategies import DDPStrategy
 
-from benchmarks._standins import TrainerStandIn, policy_strategy, stock_lightning, stock_strategy
+from benchmarks.comm.stock import TrainerStandIn, policy_strategy, stock_lightning, stock_strategy
 from benchmarks.helpers.collectives import count_collectives
 from lightning_ext import available_policies
 from lightning_ext._collective import RankGroup

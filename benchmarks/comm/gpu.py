@@ -13,7 +13,7 @@ a machine without CUDA, :func:`gpu_sessions` plans nothing and returns the note 
 import torch
 import torch.distributed as dist
 
-from benchmarks._plan import SessionSpec
+from benchmarks.comm.plan import SessionSpec
 
 __all__ = ["gpu_sessions", "probe", "rank_device"]
 

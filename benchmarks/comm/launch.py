@@ -4,7 +4,7 @@ The ranks are started with ``torch.multiprocessing.start_processes(..., start_me
 their result queue (progress messages and rank 0's result) and joins them. A rank that raises has its traceback
 re-raised here as :class:`SessionFailed` (torch writes it to an error file that the join reads back), and the others
 are stopped. A session that runs past its deadline is killed and raises :class:`SessionTimeout`. Inside the ranks,
-every collective also has a deadline (:data:`benchmarks._session.COLLECTIVE_TIMEOUT_S`).
+every collective also has a deadline (:data:`benchmarks.comm.session.COLLECTIVE_TIMEOUT_S`).
 """
 
 import multiprocessing as mp
@@ -16,8 +16,8 @@ from typing import Any
 
 from torch.multiprocessing.spawn import ProcessExitedException, ProcessRaisedException, start_processes
 
-from benchmarks._plan import Counts, SessionSpec
-from benchmarks._session import SessionResult, rank_main
+from benchmarks.comm.plan import Counts, SessionSpec
+from benchmarks.comm.session import SessionResult, rank_main
 
 __all__ = ["SessionFailed", "SessionTimeout", "run_session"]
 

@@ -2,8 +2,8 @@
 
 from dataclasses import dataclass
 
-from benchmarks._decisions import COUNT_ROUNDS, decision_subjects
-from benchmarks._training import CONFIGS, SKIP_STEPS
+from benchmarks.comm.decisions import COUNT_ROUNDS, decision_subjects
+from benchmarks.comm.training import CONFIGS, SKIP_STEPS
 
 __all__ = [
     "COLLECTIVE_TIMEOUT_S",

@@ -17,12 +17,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks._decisions import decision_subjects
-from benchmarks._plan import SessionSpec
-from benchmarks._row_cost import RowCost, cost_lines
-from benchmarks._session import SessionResult
-from benchmarks._sync_cost import SyncCost, sync_lines
-from benchmarks._training import BASELINES
+from benchmarks.comm.decisions import decision_subjects
+from benchmarks.comm.plan import SessionSpec
+from benchmarks.comm.row_cost import RowCost, cost_lines
+from benchmarks.comm.session import SessionResult
+from benchmarks.comm.sync_cost import SyncCost, sync_lines
+from benchmarks.comm.training import BASELINES
 
 __all__ = [
     "LATENCY_TARGET",

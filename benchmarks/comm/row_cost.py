@@ -2,7 +2,7 @@
 
 Two figures per training session, each the median over the repeats with the lowest and highest value:
 
-* **per-rank row**: the row loop's time per row in each timed per-rank fit (see :mod:`benchmarks._training`), in
+* **per-rank row**: the row loop's time per row in each timed per-rank fit (see :mod:`benchmarks.comm.training`), in
   CPU time of the main thread and in wall time. This is the absolute cost of one row in a rank's file: capturing
   the local values of the row's two ``self.log`` calls, pairing them with the row, the per-rank logger's
   ``log_metrics`` and its share of the flushes to disk.
@@ -13,7 +13,7 @@ Two figures per training session, each the median over the repeats with the lowe
 import statistics
 from dataclasses import dataclass
 
-from benchmarks._session import SessionResult
+from benchmarks.comm.session import SessionResult
 
 _STEP_SUBJECTS = ("training_step/per_rank_metrics", "training_step_cpu/per_rank_metrics")
 

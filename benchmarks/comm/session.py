@@ -1,6 +1,6 @@
 """One benchmark session, as run by each rank: join the process group, measure, send rank 0's results back.
 
-:func:`rank_main` is the entry point of every spawned rank (see :mod:`benchmarks._launch`). The rank sets the
+:func:`rank_main` is the entry point of every spawned rank (see :mod:`benchmarks.comm.launch`). The rank sets the
 environment a launcher would (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``,
 ``NODE_RANK``), so Lightning treats the processes as externally launched and reuses the process group initialised
 here. Every collective has a deadline (the process group's timeout), so a lost rank becomes an error, not a hang.
@@ -17,10 +17,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from benchmarks._decisions import DecisionResult, run_decisions
-from benchmarks._gpu import probe, rank_device
-from benchmarks._plan import COLLECTIVE_TIMEOUT_S, Counts, SessionSpec
-from benchmarks._training import TrainingResult, run_training
+from benchmarks.comm.decisions import DecisionResult, run_decisions
+from benchmarks.comm.gpu import probe, rank_device
+from benchmarks.comm.plan import COLLECTIVE_TIMEOUT_S, Counts, SessionSpec
+from benchmarks.comm.training import TrainingResult, run_training
 
 __all__ = ["SessionResult", "rank_main"]
 

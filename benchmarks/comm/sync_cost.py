@@ -8,8 +8,8 @@ read beside the step-time ratio, whose noise on a small shared machine is larger
 
 from dataclasses import dataclass
 
-from benchmarks._row_cost import Spread
-from benchmarks._session import SessionResult
+from benchmarks.comm.row_cost import Spread
+from benchmarks.comm.session import SessionResult
 
 __all__ = ["SyncCost", "sync_costs", "sync_lines"]
 

@@ -4,7 +4,7 @@ Every configuration runs a real ``Trainer.fit`` on the ranks of the session's pr
 the ranks carry ``LOCAL_RANK``/``WORLD_SIZE``/...), with the same small model, data and seed, ``CSVLogger`` and
 ``log_every_n_steps=1``:
 
-* ``stock``: ``DDPStrategy()``, run inside :func:`~benchmarks._standins.stock_lightning` (no lightning-ext seam);
+* ``stock``: ``DDPStrategy()``, run inside :func:`~benchmarks.comm.stock.stock_lightning` (no lightning-ext seam);
 * ``per_rank_metrics``: ``PolicyDDPStrategy(per_rank_metrics=True, hang_checks=False)``: the per-rank cost alone;
 * ``hang_checks``: ``PolicyDDPStrategy()``, the default hang checks (each synced ``self.log`` checked in place of
   Lightning's barrier, the batch counts and epoch-end syncs checked once per epoch);
@@ -65,7 +65,7 @@ from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.strategies import DDPStrategy
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
-from benchmarks._standins import stock_lightning
+from benchmarks.comm.stock import stock_lightning
 from benchmarks.helpers.collectives import count_collectives
 from lightning_ext import PolicyDDPStrategy
 from lightning_ext._hang.lockstep import Lockstep

@@ -22,11 +22,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from benchmarks._scale_data import write_run
-from benchmarks._scale_reader import READERS, memory, same_values, time_readers
-from benchmarks._scale_report import spread, write_chart, write_markdown
-from benchmarks._scale_summary import command_runs, start_time
-from benchmarks._scale_writer import file_system_work, writer_costs
+from benchmarks.scale.data import write_run
+from benchmarks.scale.reader import READERS, memory, same_values, time_readers
+from benchmarks.scale.report import spread, write_chart, write_markdown
+from benchmarks.scale.summary import command_runs, start_time
+from benchmarks.scale.writer import file_system_work, writer_costs
 
 __all__ = ["main"]
 

@@ -3,7 +3,7 @@
 The plain loop is what a user writes without lightning-ext: ``pandas.read_csv`` on each rank's file, a ``rank``
 column, ``pandas.concat``. Timings are taken in this process, the readers interleaved (their order rotates each
 repeat), with a garbage collection before each read; data generation is outside the timed region. Peak memory is
-measured in a fresh subprocess per reader (``python -m benchmarks._scale_reader``): the peak resident set size during
+measured in a fresh subprocess per reader (``python -m benchmarks.scale.reader``): the peak resident set size during
 the read (Linux ``VmHWM``, reset just before the read through ``/proc/self/clear_refs``; elsewhere ``ru_maxrss``)
 less the resident size before it, over the in-memory size of the frame returned (``memory_usage(deep=True)``).
 """
@@ -75,7 +75,7 @@ def same_values(log_dir: Path, ranks: int) -> bool:
 def memory(log_dir: Path, ranks: int, reader: str) -> dict[str, Any]:
     """Peak memory of one read, in a fresh process: ``{"frame_bytes", "peak_bytes", "ratio", "method"}``."""
     process = subprocess.run(
-        [sys.executable, "-m", "benchmarks._scale_reader", reader, str(log_dir), str(ranks)],
+        [sys.executable, "-m", "benchmarks.scale.reader", reader, str(log_dir), str(ranks)],
         capture_output=True,
         text=True,
         timeout=1800,

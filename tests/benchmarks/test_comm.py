@@ -16,14 +16,14 @@ from typing import Any
 
 import pytest
 
-from benchmarks._launch import SessionFailed, run_session
-from benchmarks._plan import Counts, SessionSpec
-from benchmarks._report import Row, Target, check_targets, median_interval
-from benchmarks.comm import main
+from benchmarks.comm.__main__ import main
+from benchmarks.comm.launch import SessionFailed, run_session
+from benchmarks.comm.plan import Counts, SessionSpec
+from benchmarks.comm.report import Row, Target, check_targets, median_interval
 from lightning_ext import available_policies
-from tests._jobs import run_benchmark_smoke
+from tests.helpers.jobs import run_benchmark_smoke
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 POLICIES = ("all", "any", "majority", "rank_zero", "mean", "min", "max")
 DECISION_SUBJECTS = {f"{path}/{name}" for path in ("checkpoint", "early_stopping") for name in ("stock", *POLICIES)}
 TRAINING_CONFIGS = (
@@ -230,9 +230,9 @@ def test_bad_options_are_usage_errors(argv: list[str], capsys: pytest.CaptureFix
 
 
 def test_row_cost_pairs_each_repeat_with_its_own_stock_fit() -> None:
-    from benchmarks._row_cost import row_costs
-    from benchmarks._session import SessionResult
-    from benchmarks._training import TrainingResult
+    from benchmarks.comm.row_cost import row_costs
+    from benchmarks.comm.session import SessionResult
+    from benchmarks.comm.training import TrainingResult
 
     training = TrainingResult(
         step_ns={"stock": [[1], [1]], "per_rank_metrics": [[1], [1]]},

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from tests._jobs import run_benchmark_smoke
+from tests.helpers.jobs import run_benchmark_smoke
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow

@@ -18,7 +18,7 @@ import pytest
 
 from lightning_ext.cli import main
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 RANKS, STEPS = 20, 6
 
 

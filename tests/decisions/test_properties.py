@@ -2,10 +2,10 @@
 
 World sizes 2-4 run in persistent rank pools (one process group serves every example); world size 1 runs in this
 process, where ``torch.distributed`` is not even initialised, so any collective would raise. Every rank's answer must
-equal the single-process reference (:mod:`tests._reference`: stock Lightning's own callback code per rank and its own
-rule table, with no lightning_ext in it). The reference's visible state is the same for every rank, so a rank that
-drifts from the others fails that comparison. Policies travel as plain specs (``"quorum:2"``); each rank builds the
-lightning_ext policy from the spec (:func:`tests.tasks.policy_from_spec`).
+equal the single-process reference (:mod:`tests.helpers.decision_reference`: stock Lightning's own callback code per
+rank and its own rule table, with no lightning_ext in it). The reference's visible state is the same for every rank, so
+a rank that drifts from the others fails that comparison. Policies travel as plain specs (``"quorum:2"``); each rank
+builds the lightning_ext policy from the spec (:func:`tests.helpers.decision_tasks.policy_from_spec`).
 """
 
 from __future__ import annotations
@@ -20,8 +20,9 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from lightning_ext._decisions.rows import Observation
-from tests import _reference, tasks
-from tests._pool import RankFailure
+from tests.helpers import decision_reference as _reference
+from tests.helpers import decision_tasks as tasks
+from tests.helpers.pool import RankFailure
 
 SPECIAL = [math.inf, -math.inf, math.nan]
 DYADIC = st.integers(-40, 40).map(lambda n: n / 4)  # ties are common; sums are exact in any order
@@ -127,7 +128,10 @@ def test_property_one_exchange_tells_every_rank_presence_votes_and_values(rank_p
     file-name metrics, and whether any value is non-finite, checked against the observations themselves."""
     world, kind, with_reference, n_extras, observations = case
     results = run_on_ranks(
-        rank_pools, world, "tests.tasks:exchange", [(kind, with_reference, n_extras, obs) for obs in observations]
+        rank_pools,
+        world,
+        "tests.helpers.decision_tasks:exchange",
+        [(kind, with_reference, n_extras, obs) for obs in observations],
     )
     expected = expected_agreement(kind, with_reference, observations)
     for rank, (_, agreement) in enumerate(results):
@@ -166,7 +170,8 @@ def test_property_top_k_state_matches_the_stock_reference_on_every_rank(rank_poo
     world, mode, save_top_k, table, accs = case
     policies = every_policy(world)
     per_rank = [(policies, mode, save_top_k, table[rank], accs[rank]) for rank in range(world)]
-    run = lambda: run_on_ranks(rank_pools, world, "tests.tasks:top_k_sequences", per_rank)  # noqa: E731
+    task = "tests.helpers.decision_tasks:top_k_sequences"
+    run = lambda: run_on_ranks(rank_pools, world, task, per_rank)  # noqa: E731
     try:
         expected = [_reference.top_k_sequence(policy, mode, save_top_k, table, accs) for policy in policies]
     except _reference.Expected as error:  # the presence check comes before any policy
@@ -211,7 +216,8 @@ def test_property_early_stopping_state_matches_the_stock_reference_on_every_rank
     world, config, starts, values = case
     policies = every_policy(world)
     per_rank = [(policies, config, [start[rank] for start in starts], values[rank]) for rank in range(world)]
-    run = lambda: run_on_ranks(rank_pools, world, "tests.tasks:early_stop_rounds", per_rank)  # noqa: E731
+    task = "tests.helpers.decision_tasks:early_stop_rounds"
+    run = lambda: run_on_ranks(rank_pools, world, task, per_rank)  # noqa: E731
     try:
         expected = [
             _reference.early_stop_round(policy, config, start, values) for policy, start in zip(policies, starts)
@@ -234,7 +240,9 @@ def test_property_arbitrary_float32_values_reduce_to_the_reference_value(
     kind = data.draw(st.sampled_from(["mean", "min", "max", "vote"]))
     values = data.draw(st.lists(st.floats(width=32), min_size=world, max_size=world))
     assume(all(math.isfinite(v) for v in values) or kind != "mean")
-    results = rank_pools(world).run("tests.tasks:exchange", *[(kind, True, 0, Observation(v, True)) for v in values])
+    results = rank_pools(world).run(
+        "tests.helpers.decision_tasks:exchange", *[(kind, True, 0, Observation(v, True)) for v in values]
+    )
     for rank, (_, agreement) in enumerate(results):
         agreed = agreement.value
         if kind == "mean":

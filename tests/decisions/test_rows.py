@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from lightning_ext._decisions.rows import Layout, Observation, _order_key, combine, pack, unpack
-from tests._reference import aggregate as reference_aggregate
+from tests.helpers.decision_reference import aggregate as reference_aggregate
 
 SPECIAL = [math.inf, -math.inf, math.nan, 0.0, -0.0]
 # dyadic values: sums are exact in any order, so the reference can demand equality

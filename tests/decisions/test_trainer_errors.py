@@ -9,9 +9,9 @@ import pytest
 
 from lightning_ext import Quorum
 from lightning_ext._decisions.rows import Observation
-from tests import tasks
-from tests._pool import RankFailure, RankPool, RankTimeout
-from tests.test_trainer_policies import CKPT, TABLE_3
+from tests.decisions.test_trainer_policies import CKPT, TABLE_3
+from tests.helpers import decision_tasks as tasks
+from tests.helpers.pool import RankFailure, RankPool, RankTimeout
 
 pytestmark = pytest.mark.slow
 STOPPING = {"monitor": "val_loss", "patience": 1, "mode": "min"}
@@ -32,7 +32,7 @@ def assert_group_in_step(pool: RankPool) -> None:
     its ranks are in step (a rank still inside an earlier collective would hang this one, by its deadline)."""
     world = pool.world_size
     per_rank = [("vote", True, 0, Observation(float(rank), vote=rank % 2 == 0)) for rank in range(world)]
-    results = pool.run("tests.tasks:exchange", *per_rank, timeout=30)
+    results = pool.run("tests.helpers.decision_tasks:exchange", *per_rank, timeout=30)
     for rank, (_, agreement) in enumerate(results):
         assert (agreement.presence, agreement.yes, agreement.value) == ("all", (world + 1) // 2, 0.0), f"rank {rank}"
 
@@ -49,7 +49,13 @@ def test_metric_logged_on_rank_zero_only_is_one_error_on_every_rank(
     strategy = {"checkpoint_policy": policy, "early_stopping_policy": policy}
     started = time.monotonic()
     with pytest.raises(RankFailure) as raised:
-        pool.run("tests.scenarios:fit", (str(tmp_path), strategy, TABLE_3), log_on="rank_zero", timeout=60, **options)
+        pool.run(
+            "tests.helpers.decision_scenarios:fit",
+            (str(tmp_path), strategy, TABLE_3),
+            log_on="rank_zero",
+            timeout=60,
+            **options,
+        )
     elapsed = time.monotonic() - started
     same_error_everywhere(
         raised.value, 3, "MonitorMissingError", "'val_loss'", "missing on rank(s) [1, 2]", "logged on rank(s) [0]"
@@ -67,7 +73,11 @@ def test_stock_ddp_hangs_where_the_policy_strategy_raises(rank_pools: Any, tmp_p
     starts = pool.starts
     with pytest.raises(RankFailure) as raised:
         pool.run(
-            "tests.scenarios:fit", (str(tmp_path), "stock", TABLE_3), log_on="rank_zero", checkpoint=CKPT, timeout=60
+            "tests.helpers.decision_scenarios:fit",
+            (str(tmp_path), "stock", TABLE_3),
+            log_on="rank_zero",
+            checkpoint=CKPT,
+            timeout=60,
         )
     assert sorted(raised.value.failures) == [1, 2]  # rank 0 never answered: the pool had to be killed
     assert "ranks [0] never answered" in str(raised.value)
@@ -78,13 +88,22 @@ def test_stock_ddp_hangs_where_the_policy_strategy_raises(rank_pools: Any, tmp_p
 def test_metric_missing_on_every_rank_keeps_the_stock_error_on_every_rank(rank_pools: Any, tmp_path: Any) -> None:
     pool = rank_pools(2)
     with pytest.raises(RankFailure) as raised:
-        pool.run("tests.scenarios:fit", (str(tmp_path), {}, TABLE_3[:2]), log_on="none", checkpoint=CKPT)
+        pool.run(
+            "tests.helpers.decision_scenarios:fit", (str(tmp_path), {}, TABLE_3[:2]), log_on="none", checkpoint=CKPT
+        )
     same_error_everywhere(raised.value, 2, "could not find the monitored key")
     with pytest.raises(RankFailure) as raised:
-        pool.run("tests.scenarios:fit", (str(tmp_path), {}, TABLE_3[:2]), log_on="none", early_stopping=STOPPING)
+        pool.run(
+            "tests.helpers.decision_scenarios:fit",
+            (str(tmp_path), {}, TABLE_3[:2]),
+            log_on="none",
+            early_stopping=STOPPING,
+        )
     same_error_everywhere(raised.value, 2, "Early stopping conditioned on metric `val_loss` which is not available")
     lenient = dict(STOPPING, strict=False)
-    results = pool.run("tests.scenarios:fit", (str(tmp_path), {}, TABLE_3[:2]), log_on="none", early_stopping=lenient)
+    results = pool.run(
+        "tests.helpers.decision_scenarios:fit", (str(tmp_path), {}, TABLE_3[:2]), log_on="none", early_stopping=lenient
+    )
     assert [r["should_stop"] for r in results] == [False, False]  # strict=False: skipped on every rank, no hang
 
 
@@ -95,7 +114,7 @@ def test_ranks_configured_with_different_policies_fail_at_set_up(rank_pools: Any
         (str(tmp_path), {"checkpoint_policy": Quorum(2)}, TABLE_3[:2]),
     ]
     with pytest.raises(RankFailure) as raised:
-        pool.run("tests.scenarios:fit", *per_rank, checkpoint=CKPT)
+        pool.run("tests.helpers.decision_scenarios:fit", *per_rank, checkpoint=CKPT)
     same_error_everywhere(
         raised.value,
         2,
@@ -108,7 +127,9 @@ def test_ranks_configured_with_different_policies_fail_at_set_up(rank_pools: Any
 def test_quorum_larger_than_the_world_fails_at_set_up_on_every_rank(rank_pools: Any, tmp_path: Any) -> None:
     with pytest.raises(RankFailure) as raised:
         rank_pools(2).run(
-            "tests.scenarios:fit", (str(tmp_path), {"checkpoint_policy": Quorum(3)}, TABLE_3[:2]), checkpoint=CKPT
+            "tests.helpers.decision_scenarios:fit",
+            (str(tmp_path), {"checkpoint_policy": Quorum(3)}, TABLE_3[:2]),
+            checkpoint=CKPT,
         )
     same_error_everywhere(raised.value, 2, "Quorum(k=3) can never be met: only 2 rank(s) vote")
 
@@ -116,7 +137,7 @@ def test_quorum_larger_than_the_world_fails_at_set_up_on_every_rank(rank_pools: 
 def test_policy_that_does_not_return_a_bool_is_one_error_on_every_rank(rank_pools: Any, tmp_path: Any) -> None:
     with pytest.raises(RankFailure) as raised:
         rank_pools(2).run(
-            "tests.scenarios:fit",
+            "tests.helpers.decision_scenarios:fit",
             (str(tmp_path), {"checkpoint_policy": tasks.UndecidedPolicy()}, TABLE_3[:2]),
             checkpoint=CKPT,
         )
@@ -128,7 +149,10 @@ def test_policy_that_does_not_return_a_bool_is_one_error_on_every_rank(rank_pool
 def test_local_decision_that_is_not_a_bool_is_one_error_on_every_rank(rank_pools: Any, tmp_path: Any) -> None:
     with pytest.raises(RankFailure) as raised:
         rank_pools(3).run(
-            "tests.scenarios:fit", (str(tmp_path), {}, TABLE_3), checkpoint=CKPT, checkpoint_class="FlakyCheckpoint"
+            "tests.helpers.decision_scenarios:fit",
+            (str(tmp_path), {}, TABLE_3),
+            checkpoint=CKPT,
+            checkpoint_class="FlakyCheckpoint",
         )
     same_error_everywhere(
         raised.value,
@@ -152,12 +176,12 @@ def test_step_based_checkpoint_with_metric_on_rank_zero_only_is_one_error_on_eve
     rank_pools: Any, tmp_path: Any
 ) -> None:
     """Lightning defers a due step-based save on each rank that lacks the metric, alone: a deadlock in stock."""
-    from tests.test_trainer_policies import STEP_CKPT, STEP_TABLE
+    from tests.decisions.test_trainer_policies import STEP_CKPT, STEP_TABLE
 
     started = time.monotonic()
     with pytest.raises(RankFailure) as raised:
         rank_pools(2).run(
-            "tests.scenarios:fit",
+            "tests.helpers.decision_scenarios:fit",
             (str(tmp_path), {}, []),
             checkpoint=STEP_CKPT,
             train_table=STEP_TABLE,

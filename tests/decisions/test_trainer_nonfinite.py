@@ -17,7 +17,7 @@ import pytest
 from lightning.pytorch.callbacks import early_stopping
 
 from lightning_ext import Quorum
-from tests.test_trainer_policies import STEP_CKPT, assert_agreed
+from tests.decisions.test_trainer_policies import STEP_CKPT, assert_agreed
 
 pytestmark = pytest.mark.slow
 
@@ -41,7 +41,7 @@ def test_vote_save_with_non_finite_rank_zero_score_is_not_made(
 ) -> None:
     table = [[4.0, bad, 3.0], [4.0, 2.0, 2.5], [4.0, 2.0, 2.5]]
     results = rank_pools(3).run(
-        "tests.scenarios:fit",
+        "tests.helpers.decision_scenarios:fit",
         (str(tmp_path), {"checkpoint_policy": policy}, table),
         checkpoint=dict(CKPT, save_last=True),
         max_epochs=3,
@@ -62,7 +62,10 @@ def test_non_finite_rank_zero_score_never_evicts_the_best(rank_pools: Any, tmp_p
     """The run ends right after rank 0's NaN: the one real checkpoint is still the best, and still on disk."""
     table = [[4.0, math.nan], [4.0, 2.0], [4.0, 2.0]]
     results = rank_pools(3).run(
-        "tests.scenarios:fit", (str(tmp_path), {"checkpoint_policy": policy}, table), checkpoint=CKPT, max_epochs=2
+        "tests.helpers.decision_scenarios:fit",
+        (str(tmp_path), {"checkpoint_policy": policy}, table),
+        checkpoint=CKPT,
+        max_epochs=2,
     )
     assert_agreed(results, AGREED)
     assert results[0]["saves"] == ["epoch=0-val_loss=4.00.ckpt"]
@@ -74,7 +77,7 @@ def test_non_finite_rank_zero_score_never_evicts_the_best(rank_pools: Any, tmp_p
 def test_plus_inf_on_rank_zero_never_wins_in_max_mode(rank_pools: Any, tmp_path: Any) -> None:
     table = [[1.0, math.inf, 2.0], [1.0, 3.0, 2.5], [1.0, 3.0, 2.5]]
     results = rank_pools(3).run(
-        "tests.scenarios:fit",
+        "tests.helpers.decision_scenarios:fit",
         (str(tmp_path), {"checkpoint_policy": "any"}, table),
         checkpoint=dict(CKPT, mode="max", save_top_k=2),
         max_epochs=3,
@@ -94,7 +97,7 @@ def test_step_based_save_never_records_a_non_finite_score(rank_pools: Any, tmp_p
     # "any": s1 4 (first), s2 (3<4, 3.5<4) save 3.00, s3 rank 1 votes yes but rank 0's score is NaN: no save,
     # s4 (2<3, 2.5<3.5) save 2.00. "mean": 4, 3.25, NaN (no save), 2.25.
     results = rank_pools(2).run(
-        "tests.scenarios:fit",
+        "tests.helpers.decision_scenarios:fit",
         (str(tmp_path), {"checkpoint_policy": policy}, []),
         checkpoint=dict(STEP_CKPT, save_top_k=1),
         train_table=STEP_NAN_TABLE,
@@ -125,7 +128,7 @@ def test_nan_on_another_rank_takes_away_its_vote_and_makes_the_aggregate_nan(ran
     }
     for policy, saves in expected.items():
         results = pool.run(
-            "tests.scenarios:fit",
+            "tests.helpers.decision_scenarios:fit",
             (str(tmp_path / policy), {"checkpoint_policy": policy}, table),
             checkpoint=CKPT,
             max_epochs=3,
@@ -138,7 +141,7 @@ def test_nan_on_another_rank_takes_away_its_vote_and_makes_the_aggregate_nan(ran
 def test_non_finite_on_one_rank_stops_every_rank_under_any_policy(rank_pools: Any, tmp_path: Any, policy: str) -> None:
     table = [[4.0, 3.0, 2.0, 1.0], [4.0, 3.0, math.inf, 1.0], [4.0, 3.0, 2.0, 1.0]]
     results = rank_pools(3).run(
-        "tests.scenarios:fit",
+        "tests.helpers.decision_scenarios:fit",
         (str(tmp_path), {"early_stopping_policy": policy}, table),
         early_stopping={"monitor": "val_loss", "patience": 5, "mode": "min"},
         max_epochs=4,

@@ -115,7 +115,9 @@ def test_checkpoint_policies_save_what_their_rule_says(
     for name, saves in expected.items():
         root = str(tmp_path / name)
         strategy = {"checkpoint_policy": policy_spec(name)}
-        results = pool.run("tests.scenarios:fit", (root, strategy, table), checkpoint=CKPT, max_epochs=len(table[0]))
+        results = pool.run(
+            "tests.helpers.decision_scenarios:fit", (root, strategy, table), checkpoint=CKPT, max_epochs=len(table[0])
+        )
         assert_agreed(results, AGREED)
         assert results[0]["saves"] == saves, name
         assert results[0]["files"] == [results[0]["best_model_path"]], name  # save_top_k=1: only the best is on disk
@@ -133,7 +135,10 @@ def test_early_stopping_policies_stop_when_their_rule_says(
     for name, epoch in expected.items():
         strategy = {"early_stopping_policy": policy_spec(name)}
         results = pool.run(
-            "tests.scenarios:fit", (str(tmp_path / name), strategy, table), early_stopping=stopping, max_epochs=6
+            "tests.helpers.decision_scenarios:fit",
+            (str(tmp_path / name), strategy, table),
+            early_stopping=stopping,
+            max_epochs=6,
         )
         assert_agreed(results, ("should_stop", "stopped_epoch", "current_epoch"))
         assert results[0]["should_stop"] is True, name
@@ -159,7 +164,7 @@ def test_default_policies_save_and_stop_exactly_as_stock_ddp(rank_pools: Any, tm
     runs = {}
     for label, strategy in (("stock", "stock"), ("policy", {})):
         runs[label] = pool.run(
-            "tests.scenarios:fit",
+            "tests.helpers.decision_scenarios:fit",
             (str(tmp_path / label), strategy, table),
             checkpoint=checkpoint,
             early_stopping=stopping,
@@ -184,8 +189,15 @@ def test_default_policies_save_and_stop_exactly_as_stock_ddp(rank_pools: Any, tm
 def test_stock_ranks_disagree_on_paths_where_policy_ranks_agree(rank_pools: Any, tmp_path: Any) -> None:
     """The motivating bug: with the metric in the file name, stock ranks record different best paths."""
     pool = rank_pools(3)
-    stock = pool.run("tests.scenarios:fit", (str(tmp_path / "stock"), "stock", TABLE_3), checkpoint=CKPT, max_epochs=5)
-    policy = pool.run("tests.scenarios:fit", (str(tmp_path / "policy"), {}, TABLE_3), checkpoint=CKPT, max_epochs=5)
+    stock = pool.run(
+        "tests.helpers.decision_scenarios:fit",
+        (str(tmp_path / "stock"), "stock", TABLE_3),
+        checkpoint=CKPT,
+        max_epochs=5,
+    )
+    policy = pool.run(
+        "tests.helpers.decision_scenarios:fit", (str(tmp_path / "policy"), {}, TABLE_3), checkpoint=CKPT, max_epochs=5
+    )
     assert len({r["best_model_path"] for r in stock}) == 3  # epoch=4-val_loss=2.50 / 2.25 / 2.75
     assert {r["best_model_path"] for r in policy} == {"epoch=4-val_loss=2.50.ckpt"}
 
@@ -196,7 +208,7 @@ def test_user_subclass_with_its_own_top_k_rule_votes_with_it(rank_pools: Any, tm
     # Then bests (3,5,5): e2 (3.5<2.25 F, 3.5<4.25 T, 4.5<4.25 F): save. Bests (3.5,3.5,4.5): e3 (2<2.75 T): save.
     # Bests (2,3,6): e4 (2.5<1.25 F, 2.25<2.25 F, 2.75<5.25 T): save.
     results = rank_pools(3).run(
-        "tests.scenarios:fit",
+        "tests.helpers.decision_scenarios:fit",
         (str(tmp_path), {"checkpoint_policy": "any"}, TABLE_3),
         checkpoint=CKPT,
         checkpoint_class="MarginCheckpoint",
@@ -205,7 +217,7 @@ def test_user_subclass_with_its_own_top_k_rule_votes_with_it(rank_pools: Any, tm
     assert_agreed(results, AGREED)
     assert results[0]["saves"] == SAVES_3["any"]
     majority = rank_pools(3).run(
-        "tests.scenarios:fit",
+        "tests.helpers.decision_scenarios:fit",
         (str(tmp_path / "majority"), {"checkpoint_policy": "majority"}, TABLE_3),
         checkpoint=CKPT,
         checkpoint_class="MarginCheckpoint",
@@ -229,7 +241,7 @@ def test_step_based_checkpoints_follow_the_policy_and_defaults_match_stock(rank_
     runs = {}
     for label, strategy in (("stock", "stock"), ("defaults", {}), ("mean", {"checkpoint_policy": "mean"})):
         runs[label] = pool.run(
-            "tests.scenarios:fit",
+            "tests.helpers.decision_scenarios:fit",
             (str(tmp_path / label), strategy, []),
             checkpoint=STEP_CKPT,
             train_table=STEP_TABLE,
@@ -254,7 +266,10 @@ def test_vote_policy_records_rank_zero_value_even_when_it_is_worse(rank_pools: A
     and with save_top_k=1 that evicts the 4.00 checkpoint."""
     table = [[4.0, 5.0], [4.0, 3.0]]
     results = rank_pools(2).run(
-        "tests.scenarios:fit", (str(tmp_path), {"checkpoint_policy": "any"}, table), checkpoint=CKPT, max_epochs=2
+        "tests.helpers.decision_scenarios:fit",
+        (str(tmp_path), {"checkpoint_policy": "any"}, table),
+        checkpoint=CKPT,
+        max_epochs=2,
     )
     assert_agreed(results, (*AGREED, "best_model_score"))
     assert results[0]["saves"] == ["epoch=0-val_loss=4.00.ckpt", "epoch=1-val_loss=5.00.ckpt"]

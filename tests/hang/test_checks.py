@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.hang_tasks import HOOKS
+from tests.helpers.hang_tasks import HOOKS
 
 WORLDS = (1, 2, 3, 4)
 _SCALE = settings().max_examples / 100  # 1 under the ci profile, 15 under thorough, 0.3 under quick
@@ -26,7 +26,7 @@ _SCALE = settings().max_examples / 100  # 1 under the ci profile, 15 under thoro
 def run(rank_pools: Any, world: int, log_dir: Path, script: dict[str, Any], **options: Any) -> list[dict[str, Any]]:
     """Every rank's outcome, each with the run's files (read once every rank has finished and closed its own)."""
     pool = rank_pools(world)
-    outcomes: list[dict[str, Any]] = pool.run("tests.hang_tasks:fit", (str(log_dir), script, options, world))
+    outcomes: list[dict[str, Any]] = pool.run("tests.helpers.hang_tasks:fit", (str(log_dir), script, options, world))
     run_dir = log_dir / "run"
     files = {path.relative_to(run_dir).as_posix(): path.read_text() for path in sorted(run_dir.rglob("*.csv"))}
     return [{**outcome, "files": files} for outcome in outcomes]
@@ -178,7 +178,7 @@ def test_property_a_check_agrees_exactly_when_every_rank_brings_the_same(rank_po
     @given(calls=st.lists(st.lists(identity, min_size=world, max_size=world), min_size=1, max_size=4))
     def check(calls: list[list[list[Any]]]) -> None:
         per_rank = [(namespace, [call[rank] for call in calls]) for rank in range(world)]
-        answers = pool.run("tests.hang_tasks:lockstep_verdicts", *per_rank)
+        answers = pool.run("tests.helpers.hang_tasks:lockstep_verdicts", *per_rank)
         for position, call in enumerate(calls):
             same = all(tuple(theirs) == tuple(call[0]) for theirs in call)
             verdicts = [answer[position] for answer in answers]
@@ -188,7 +188,7 @@ def test_property_a_check_agrees_exactly_when_every_rank_brings_the_same(rank_po
     try:
         check()
     finally:
-        pool.run("tests.hang_tasks:lockstep_close", (namespace,))
+        pool.run("tests.helpers.hang_tasks:lockstep_close", (namespace,))
 
 
 # ---- set-up: every misconfiguration raises on every rank, after the set-up gather ----------------------------------
@@ -216,7 +216,7 @@ def test_a_misconfigured_rank_fails_set_up_on_every_rank(
         return Quorum(int(name.split(":")[1])) if name.startswith("quorum:") else name
 
     arguments = [(str(tmp_path), loggers, policy(name), 2) for loggers, name in per_rank]
-    outcomes = rank_pools(2).run("tests.hang_tasks:fit_with_loggers", *arguments)
+    outcomes = rank_pools(2).run("tests.helpers.hang_tasks:fit_with_loggers", *arguments)
     assert len({(o["error"], o["message"]) for o in outcomes}) == 1, outcomes
     text = f"{outcomes[0]['error']}: {outcomes[0]['message']}"
     for fragment in fragments:

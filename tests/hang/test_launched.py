@@ -1,8 +1,8 @@
 """The pitfalls that freeze Lightning DDP jobs, as real launched jobs: ours end with the named error on every rank.
 
-Each scenario of ``tests/scripts/hang_scenarios.py`` runs under Lightning's default launcher (popen), some also with
-``start_method="spawn"`` and under torchrun (2 nodes x 1 process, on loopback). With ``PolicyDDPStrategy`` every rank
-must end with the same error, naming the culprit and the fix, within 30 s of the first rank reaching the point of
+Each scenario of ``tests/helpers/scripts/hang_scenarios.py`` runs under Lightning's default launcher (popen), some also
+with ``start_method="spawn"`` and under torchrun (2 nodes x 1 process, on loopback). With ``PolicyDDPStrategy`` every
+rank must end with the same error, naming the culprit and the fix, within 30 s of the first rank reaching the point of
 divergence, with its per-rank rows flushed. The same scripts with stock ``DDPStrategy`` are shown hanging (cut by a
 timeout) or ending without naming anything. Every job runs in the background, ours two at a time, and each test
 checks its own job's outcome.
@@ -21,9 +21,9 @@ from typing import Any
 
 import pytest
 
-from tests._jobs import REPO, Job, clean_env, free_port
+from tests.helpers.jobs import REPO, Job, clean_env, free_port
 
-SCRIPT = REPO / "tests" / "scripts" / "hang_scenarios.py"
+SCRIPT = REPO / "tests" / "helpers" / "scripts" / "hang_scenarios.py"
 LIMIT = 30.0  # seconds from the first rank reaching the divergence to the last rank's error
 RUN_TIMEOUT = 150.0  # a job of ours that runs longer than this has hung
 STOCK_CUTOFF = 25.0  # seconds a stock job must still be hanging after reaching the divergence

@@ -1,8 +1,8 @@
 """Single-process references for the cross-rank decisions, built without lightning_ext.
 
 A policy is named by a plain *spec* (``"all"``, ``"quorum:2"``, ``"two_thirds"``, ``"mean"``, ...); the ranks turn the
-same spec into a lightning_ext policy (:func:`tests.tasks.policy_from_spec`), while this module applies its own rule
-table, written from the specification (``docs/policies.md``), not taken from ``lightning_ext.policies``.
+same spec into a lightning_ext policy (:func:`tests.helpers.decision_tasks.policy_from_spec`), while this module applies
+its own rule table, written from the specification (``docs/policies.md``), not taken from ``lightning_ext.policies``.
 
 The local parts are stock Lightning's own callback code run in one process: one stock ``ModelCheckpoint`` or
 ``EarlyStopping`` per simulated rank, fed that rank's values, its ``reduce_boolean_decision`` answering with the
@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from lightning.pytorch.callbacks import early_stopping
 
-from tests import _stand_ins as stand_ins
+from tests.helpers import stand_ins
 
 # docs/policies.md, "Vote policies": (yes votes, world size, rank 0's vote) -> act?
 VOTE_RULES: dict[str, Callable[[int, int, bool], bool]] = {

@@ -1,6 +1,6 @@
 """Real ``Trainer.fit`` runs for the rank pools: a tiny model whose validation metric each rank reads from a table.
 
-The ranks of a :class:`tests._pool.RankPool` carry ``LOCAL_RANK``/``WORLD_SIZE``, so Lightning sees an externally
+The ranks of a :class:`tests.helpers.pool.RankPool` carry ``LOCAL_RANK``/``WORLD_SIZE``, so Lightning sees an externally
 launched job and reuses the pool's process group: ``Trainer(devices=W, strategy=...)`` runs on every rank at once,
 exactly as under ``torchrun``. Each rank returns what it ended with, for the parent to compare.
 """

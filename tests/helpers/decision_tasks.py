@@ -1,4 +1,4 @@
-"""Functions that run inside the rank processes of a :class:`tests._pool.RankPool` (real gloo collectives).
+"""Functions that run inside the rank processes of a :class:`tests.helpers.pool.RankPool` (real gloo collectives).
 
 Each takes plain, picklable arguments and returns plain results, so the parent can compare every rank's answer with a
 single-process reference. The trainer stand-in below replaces only what a callback reads from a ``Trainer``; every
@@ -18,8 +18,8 @@ from lightning_ext._decisions import checkpoint as decisions
 from lightning_ext._decisions.local_top_k import LocalTopK
 from lightning_ext._decisions.rows import Layout, Observation, pack, unpack
 from lightning_ext.policies import DecisionPolicy, Quorum, VotePolicy, VoteTally, resolve_policy
-from tests import _stand_ins
-from tests._stand_ins import (
+from tests.helpers import stand_ins as _stand_ins
+from tests.helpers.stand_ins import (
     StandInStrategy,
     StandInTrainer,
     candidates,

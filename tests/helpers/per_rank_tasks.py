@@ -29,7 +29,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_ext import PerRankMetrics, PolicyDDPStrategy, read_rank_metrics
 from lightning_ext.rank_metrics import RankMetricsWarning
-from tests._s3 import use_s3
+from tests.helpers.s3 import use_s3
 
 VERSION = "v"
 

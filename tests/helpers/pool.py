@@ -1,8 +1,8 @@
 """A persistent pool of rank processes: one real gloo process group that serves many test calls.
 
-``RankPool(world_size).run("tests.tasks:fn", args_for_rank_0, args_for_rank_1, ...)`` runs ``fn`` on every rank at
-once and returns the results in rank order. Starting processes and a process group costs seconds; a call costs
-milliseconds, so property tests can drive hundreds of examples through the real collective path.
+``RankPool(world_size).run("tests.helpers.decision_tasks:fn", args_for_rank_0, args_for_rank_1, ...)`` runs ``fn`` on
+every rank at once and returns the results in rank order. Starting processes and a process group costs seconds; a call
+costs milliseconds, so property tests can drive hundreds of examples through the real collective path.
 
 Like PyTorch's ``MultiProcessTestCase``, a failure in any rank is re-raised in the parent with that rank's full
 traceback, and every call has a deadline: a rank that does not answer in time (a hang) gets the whole pool killed

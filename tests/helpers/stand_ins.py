@@ -1,7 +1,8 @@
 """What ``ModelCheckpoint``/``EarlyStopping`` read from a trainer, and plain-data views of their state.
 
-Shared by the rank-side tasks (:mod:`tests.tasks`, which drive lightning_ext) and the single-process reference
-(:mod:`tests._reference`, which must not touch lightning_ext): nothing here imports lightning_ext.
+Shared by the rank-side tasks (:mod:`tests.helpers.decision_tasks`, which drive lightning_ext) and the single-process
+reference (:mod:`tests.helpers.decision_reference`, which must not touch lightning_ext): nothing here imports
+lightning_ext.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """One scripted ``Trainer.fit`` scenario for every strategy and launcher: rank pools, torchrun, SLURM, notebooks.
 
 Each rank logs ``val_loss = TABLE[global rank][epoch]`` un-synced, so the ranks disagree and the policies matter. The
-same function runs in a :class:`tests._pool.RankPool` rank, under ``torchrun`` or a simulated ``srun`` (through
-``tests/scripts/strategy_run.py``), or forked by Lightning from a stand-in notebook kernel. Every rank writes what it
-ended with to ``<root>/outcomes/rank_<r>.json`` (from a callback, since under fork and spawn only rank 0 returns) and
-returns it.
+same function runs in a :class:`tests.helpers.pool.RankPool` rank, under ``torchrun`` or a simulated ``srun`` (through
+``tests/helpers/scripts/strategy_run.py``), or forked by Lightning from a stand-in notebook kernel. Every rank writes
+what it ended with to ``<root>/outcomes/rank_<r>.json`` (from a callback, since under fork and spawn only rank 0
+returns) and returns it.
 
 The expected outcomes below are worked out by hand from the policy rules (README), independently of lightning-ext.
 """

@@ -15,7 +15,7 @@ from typing import Any
 import lightning
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 
 # where each verified release's _run_early_stopping_check hunk sits (its series, 0002)
@@ -61,7 +61,7 @@ def _native_env(site: Path) -> dict[str, str]:
 
 def _outcomes(work: Path, env: dict[str, str] | None) -> dict[str, Any]:
     run = subprocess.run(
-        [sys.executable, str(REPO / "tests" / "scripts" / "mode_outcomes.py"), str(work)],
+        [sys.executable, str(REPO / "tests" / "helpers" / "scripts" / "mode_outcomes.py"), str(work)],
         capture_output=True,
         text=True,
         timeout=400,
@@ -91,17 +91,17 @@ def test_native_seams_give_the_same_results_as_the_runtime_drop_in(patched_site:
 
 def test_policy_per_rank_and_hang_suites_pass_against_the_patched_copy(patched_site: Path) -> None:
     suites = [
-        "tests/test_trainer_policies.py",
-        "tests/test_trainer_errors.py",
-        "tests/test_trainer_nonfinite.py",
-        "tests/test_per_rank_metrics.py",
-        "tests/test_per_rank_resume.py",
-        "tests/test_hang_checks.py",  # the hang-check seams (0004), natively
+        "tests/decisions/test_trainer_policies.py",
+        "tests/decisions/test_trainer_errors.py",
+        "tests/decisions/test_trainer_nonfinite.py",
+        "tests/per_rank/test_trainer_runs.py",
+        "tests/per_rank/test_resume.py",
+        "tests/hang/test_checks.py",  # the hang-check seams (0004), natively
     ]
     # not about the seams, and run in the main suite: stock Lightning's hang (the error half is the first test's
     # case), and the test pool's own deadline
     unrelated = [
-        f"tests/test_trainer_errors.py::{name}"
+        f"tests/decisions/test_trainer_errors.py::{name}"
         for name in (
             "test_stock_ddp_hangs_where_the_policy_strategy_raises",
             "test_pool_reports_a_hang_by_its_deadline",

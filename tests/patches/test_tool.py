@@ -21,7 +21,7 @@ from lightning_ext import patches
 from lightning_ext.patches import PatchError, SeriesNotApplicableError
 from lightning_ext.patches.__main__ import main
 from lightning_ext.patches._tool import default_target, find_series, load_series, target_version
-from tests._patch_fixtures import GitSeries, contents, copy_target, git, make_git_series, replace, snapshot
+from tests.helpers.patch_fixtures import GitSeries, contents, copy_target, git, make_git_series, replace, snapshot
 
 MC = "pytorch/callbacks/model_checkpoint.py"
 STOPPING = "pytorch/callbacks/early_stopping.py"
@@ -299,7 +299,7 @@ def test_default_series_is_looked_up_by_version(made: GitSeries, target: Path, t
     with pytest.raises(PatchError, match=r"\(available: lightning-2\.6\.5, lightning-9\.9\.9\)"):
         find_series(target, root=root)
     (target / "version.info").write_text("2.5.6\n")  # from a checkout, the series are those in patches/
-    assert find_series(target) == Path(__file__).resolve().parents[1] / "patches" / "lightning-2.5.6"
+    assert find_series(target) == Path(__file__).resolve().parents[2] / "patches" / "lightning-2.5.6"
 
 
 def test_creating_a_file_is_not_supported(tmp_path: Path) -> None:
@@ -421,7 +421,7 @@ def _run(*command: str | Path, **options: object) -> str:
 
 @pytest.mark.slow
 def test_the_built_wheel_ships_the_series_and_the_installed_tool_checks_it(tmp_path: Path) -> None:
-    repo = Path(__file__).resolve().parents[1]
+    repo = Path(__file__).resolve().parents[2]
     source = tmp_path / "source"  # a clean copy, so that building leaves nothing in the checkout
     source.mkdir()
     for name in ("pyproject.toml", "README.md"):

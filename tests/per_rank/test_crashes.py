@@ -1,6 +1,6 @@
 """Crashes while writing per-rank metrics: SIGKILL mid-run, a crash at each stage of a header rewrite, torn lines.
 
-The hard crashes run in real processes (``tests/scripts/rank_writer.py``), each under a deadline.
+The hard crashes run in real processes (``tests/helpers/scripts/rank_writer.py``), each under a deadline.
 """
 
 import os
@@ -16,9 +16,9 @@ import pytest
 
 from lightning_ext import RankMetricsError, read_rank_metrics
 from lightning_ext.rank_metrics import RankMetricsWriter, rank_metrics_path
-from tests.scripts.rank_writer import CRASH_CODE, CRASH_STAGES, FIRST_ROWS, expected_row
+from tests.helpers.scripts.rank_writer import CRASH_CODE, CRASH_STAGES, FIRST_ROWS, expected_row
 
-SCRIPT = Path(__file__).parent / "scripts" / "rank_writer.py"
+SCRIPT = Path(__file__).parents[1] / "helpers" / "scripts" / "rank_writer.py"
 DEADLINE_S = 60
 
 

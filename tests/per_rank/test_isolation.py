@@ -38,7 +38,7 @@ def expected_rows(rank: int, log_rank: bool = False, tm: bool = False) -> list[d
 
 
 def run(pool: Any, root: Path | str, **options: Any) -> list[dict[str, Any]]:
-    results = pool.run("tests.per_rank_tasks:fit", (str(root),), timeout=180, **options)
+    results = pool.run("tests.helpers.per_rank_tasks:fit", (str(root),), timeout=180, **options)
     assert [r["status"] for r in results] == ["finished"] * WORLD  # the run completes on every rank
     assert [r["global_step"] for r in results] == [EPOCHS * BATCHES] * WORLD
     return results

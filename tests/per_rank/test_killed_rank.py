@@ -13,7 +13,7 @@ import pytest
 
 from lightning_ext import read_rank_metrics
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 
 
@@ -22,7 +22,7 @@ def test_sigkilled_rank_keeps_every_flushed_row(tmp_path: Path) -> None:
     process = subprocess.Popen(
         [
             sys.executable,
-            str(REPO / "tests" / "scripts" / "killed_rank.py"),
+            str(REPO / "tests" / "helpers" / "scripts" / "killed_rank.py"),
             str(tmp_path),
             str(kill_at),
             str(flush_every),

@@ -23,7 +23,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lightning_ext import read_rank_metrics
-from tests._metrics_reference import _forked, comparable, expected_cells, file_cells
+from tests.helpers.metrics_reference import _forked, comparable, expected_cells, file_cells
 
 pytestmark = pytest.mark.slow
 DYADIC = st.integers(-32, 32).map(lambda n: n / 4)
@@ -74,7 +74,7 @@ def scripts(draw: st.DrawFn, world: int) -> tuple[int, int, int, dict[str, list[
 def _check_run(rank_pools: Any, root: Path, world: int, case: Any) -> None:
     loaders, epochs, batches, script = case
     results = rank_pools(world).run(
-        "tests.logging_scenarios:fit",
+        "tests.helpers.logging_scenarios:fit",
         (str(root), script),
         epochs=epochs,
         batches=batches,

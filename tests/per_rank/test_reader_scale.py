@@ -22,7 +22,7 @@ from lightning_ext import RankMetricsError, RankMetricsWarning, read_rank_metric
 from lightning_ext._per_rank import fast_csv as _fast_csv
 from lightning_ext.rank_metrics import MixedRunsError
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 HAS_PYARROW = importlib.util.find_spec("pyarrow") is not None
 NEEDS_PYARROW = pytest.mark.skipif(not HAS_PYARROW, reason="pyarrow is not installed (the fast extra)")
 ENGINES = [pytest.param("pyarrow", marks=NEEDS_PYARROW), "pandas"]

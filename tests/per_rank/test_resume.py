@@ -3,7 +3,7 @@
 A run saves a checkpoint every 2 training steps and is cut short by ``max_steps=4`` (in the second epoch), as a crash
 would cut it; a second run resumes from the step-2 checkpoint, taken in the middle of the first epoch, and trains to
 the end. Every rank's file must hold each logged row exactly once, with the values of an uninterrupted run and of the
-independent reference (:mod:`tests._metrics_reference`).
+independent reference (:mod:`tests.helpers.metrics_reference`).
 
 One exception is Lightning's own: a checkpoint carries no logged-metric accumulators (nor torchmetrics states), so
 after a mid-epoch resume the resumed epoch's training aggregates reduce only the batches run after the resume, in
@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests._metrics_reference import _forked, comparable, expected_cells, file_cells
+from tests.helpers.metrics_reference import _forked, comparable, expected_cells, file_cells
 
 pytestmark = pytest.mark.slow
 
@@ -92,13 +92,13 @@ def test_mid_epoch_resume_logs_every_row_once_with_the_uninterrupted_values(rank
         "timeout": 120,
     }
     straight = tmp_path / "straight"
-    pool.run("tests.logging_scenarios:fit", (str(straight), script), **common)
+    pool.run("tests.helpers.logging_scenarios:fit", (str(straight), script), **common)
     resumed = tmp_path / "resumed"
-    cut = pool.run("tests.logging_scenarios:fit", (str(resumed), script), max_steps=4, **common)
+    cut = pool.run("tests.helpers.logging_scenarios:fit", (str(resumed), script), max_steps=4, **common)
     assert [r["steps"] for r in cut] == [4, 4]  # cut short in the second epoch
     checkpoint = resumed / "ckpt" / "epoch=0-step=2.ckpt"  # mid-epoch: after the second of three batches
     assert checkpoint.is_file(), sorted(p.name for p in (resumed / "ckpt").iterdir())
-    pool.run("tests.logging_scenarios:fit", (str(resumed), script), ckpt_path=str(checkpoint), **common)
+    pool.run("tests.helpers.logging_scenarios:fit", (str(resumed), script), ckpt_path=str(checkpoint), **common)
 
     step_columns = {_forked(e, True) for e in script["train"] if e["options"]["on_step"]}
     epoch_columns = {_forked(e, False) for e in script["train"] if e["options"]["on_epoch"]}

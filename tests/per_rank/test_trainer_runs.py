@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from lightning_ext import read_rank_metrics
-from tests._metrics_reference import expected_cells, observed_cells
+from tests.helpers.metrics_reference import expected_cells, observed_cells
 
 pytestmark = pytest.mark.slow
 
@@ -60,7 +60,7 @@ def full_script(world: int) -> dict[str, list[dict[str, Any]]]:
 
 
 def _columns(script: dict[str, list[dict[str, Any]]]) -> tuple[set[str], set[str], set[str]]:
-    from tests._metrics_reference import _forked
+    from tests.helpers.metrics_reference import _forked
 
     step = {_forked(e, True) for e in script["train"] if e["options"].get("on_step")}
     train_epoch = {_forked(e, False) for e in script["train"] if e["options"].get("on_epoch", True)}
@@ -72,7 +72,7 @@ def _run(pool: Any, root: Path, script: dict[str, Any], **kwargs: Any) -> list[d
     kwargs.setdefault("epochs", EPOCHS)
     kwargs.setdefault("batches", BATCHES)
     kwargs.setdefault("val_dataloaders", 2)
-    return pool.run("tests.logging_scenarios:fit", (str(root), script), timeout=120, **kwargs)
+    return pool.run("tests.helpers.logging_scenarios:fit", (str(root), script), timeout=120, **kwargs)
 
 
 @pytest.mark.parametrize("world", [2, 3])
@@ -151,8 +151,8 @@ def test_files_land_in_the_run_log_dir_for_every_logger_setup(
 def test_ranks_adopt_rank_zero_version_where_stock_ranks_diverge(rank_pools: Any, tmp_path: Path) -> None:
     """Lightning #18294: rank 0 creates version_0 before rank 1 resolves its version; stock rank 1 picks version_1."""
     pool = rank_pools(2)
-    stock = pool.run("tests.logging_scenarios:version_race", (str(tmp_path / "stock"), "stock"), timeout=120)
-    ours = pool.run("tests.logging_scenarios:version_race", (str(tmp_path / "ours"), "ours"), timeout=120)
+    stock = pool.run("tests.helpers.logging_scenarios:version_race", (str(tmp_path / "stock"), "stock"), timeout=120)
+    ours = pool.run("tests.helpers.logging_scenarios:version_race", (str(tmp_path / "ours"), "ours"), timeout=120)
     assert [Path(d).name for d in stock] == ["version_0", "version_1"]
     assert [Path(d).name for d in ours] == ["version_0", "version_0"]
 
@@ -167,13 +167,13 @@ def test_resume_keeps_earlier_rows_without_duplicating_steps(rank_pools: Any, tm
         "checkpoint_every_epoch": True,
         "timeout": 120,
     }
-    pool.run("tests.logging_scenarios:fit", (str(tmp_path), script), epochs=1, **common)
+    pool.run("tests.helpers.logging_scenarios:fit", (str(tmp_path), script), epochs=1, **common)
     directory = tmp_path / "lightning_logs" / "run"
     first = read_rank_metrics(directory)
     resumed_script = {"train": full_script(2)["train"][:2]}  # values for 2 epochs
     last = str(tmp_path / "ckpt" / "last.ckpt")
     assert os.path.isfile(last)
-    pool.run("tests.logging_scenarios:fit", (str(tmp_path), resumed_script), epochs=2, ckpt_path=last, **common)
+    pool.run("tests.helpers.logging_scenarios:fit", (str(tmp_path), resumed_script), epochs=2, ckpt_path=last, **common)
     after = read_rank_metrics(directory)
     for rank in range(2):
         before_rows = first[first["rank"] == rank].reset_index(drop=True)
@@ -200,7 +200,7 @@ def test_upstream_truncation_of_synced_weighted_mean(rank_pools: Any, tmp_path: 
         "batch_sizes": [[[1]], [[2]]],
     }
     results = rank_pools(2).run(
-        "tests.logging_scenarios:fit", (str(tmp_path), {"train": [entry]}), epochs=1, batches=1, timeout=120
+        "tests.helpers.logging_scenarios:fit", (str(tmp_path), {"train": [entry]}), epochs=1, batches=1, timeout=120
     )
     assert results[0]["callback_metrics"]["m"] == 3.5
     table = read_rank_metrics(results[0]["log_dir"]).dropna(subset=["m"])

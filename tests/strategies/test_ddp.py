@@ -19,7 +19,7 @@ from lightning_ext import AggregatePolicy, AllRanks, AnyRank, PolicyDDPStrategy,
 from lightning_ext.policies import resolve_policy
 from lightning_ext.strategies._runtime import patch_mode
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_takes_every_ddp_strategy_argument_with_the_same_default() -> None:
@@ -103,7 +103,7 @@ def test_real_launch_agrees_on_the_mean_checkpoint_and_writes_every_rank_file(
 ) -> None:
     """A user's script, launched by Lightning itself (subprocess re-launch or torch.multiprocessing spawn)."""
     out = tmp_path / "ranks.jsonl"
-    script = REPO / "tests" / "scripts" / "launch.py"
+    script = REPO / "tests" / "helpers" / "scripts" / "launch.py"
     process = subprocess.run(
         [sys.executable, str(script), str(out), start_method, str(devices), "mean"],
         capture_output=True,

@@ -22,7 +22,7 @@ import pytest
 import tomllib
 from packaging.requirements import Requirement
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 VERIFIED = ("2.5.6", "2.6.6")  # this test's own copy: pyproject.toml, the series and the warning must all say so
 Python = Callable[[str], subprocess.CompletedProcess[str]]
 

@@ -3,7 +3,8 @@ multi-node launches on loopback (torchrun, a simulated SLURM ``srun``), and Ligh
 from an interactive interpreter. (``ddp_spawn_<policy>`` only sets ``start_method="spawn"``, which
 tests/test_strategies_surface.py checks; tests/test_strategy.py::test_real_launch runs that start method for real.)
 
-Every run plays the scenario of :mod:`tests.strategy_scenarios`; its expected outcomes were worked out by hand there.
+Every run plays the scenario of :mod:`tests.helpers.strategy_scenarios`; its expected outcomes were worked out by hand
+there.
 """
 
 from __future__ import annotations
@@ -18,13 +19,13 @@ from typing import Any
 import pytest
 
 from lightning_ext import read_rank_metrics
-from tests._jobs import clean_env, free_port, launch
-from tests.strategy_scenarios import EPOCHS_RUN, EXPECTED, PATH_KEYS, TABLE, checkpoint_listing
+from tests.helpers.jobs import clean_env, free_port, launch
+from tests.helpers.strategy_scenarios import EPOCHS_RUN, EXPECTED, PATH_KEYS, TABLE, checkpoint_listing
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parent.parent
-SCRIPT = REPO / "tests" / "scripts" / "strategy_run.py"
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "tests" / "helpers" / "scripts" / "strategy_run.py"
 POLICIES = {"checkpoint_policy": "mean", "early_stopping_policy": "majority", "per_rank_metrics": True}
 
 
@@ -85,7 +86,7 @@ def test_model_parallel_decides_saves_and_logs_as_ddp(rank_pools: Any, tmp_path:
         "tuned_ddp": {"class": "tuned_ddp", **POLICIES},  # a user's own strategy with the mixin
     }
     runs = {
-        name: pool.run("tests.strategy_scenarios:fit", (str(tmp_path / name), spec, 2), timeout=120)
+        name: pool.run("tests.helpers.strategy_scenarios:fit", (str(tmp_path / name), spec, 2), timeout=120)
         for name, spec in specs.items()
     }
     listings = {}
@@ -104,7 +105,7 @@ def test_model_parallel_decides_saves_and_logs_as_ddp(rank_pools: Any, tmp_path:
 
     # the policies matter here: stock ModelParallelStrategy stops at epoch 1 (any rank may stop everyone)
     stock = pool.run(
-        "tests.strategy_scenarios:fit",
+        "tests.helpers.strategy_scenarios:fit",
         (
             str(tmp_path / "stock"),
             {"class": "stock_model_parallel", "data_parallel_size": 2, "tensor_parallel_size": 1},
@@ -189,8 +190,8 @@ for name in ("ddp", "ddp_majority", "ddp_spawn", "ddp_spawn_majority"):
 cell = {"interactive": _IS_INTERACTIVE, "pid": os.getpid(), "registered": registered, "refused": refused}
 print("CELL " + json.dumps(cell), flush=True)
 
-from tests._jobs import LAUNCH_TIMEOUT, clean_env, free_port, launch
-from tests.strategy_scenarios import fit
+from tests.helpers.jobs import LAUNCH_TIMEOUT, clean_env, free_port, launch
+from tests.helpers.strategy_scenarios import fit
 fit(sys.argv[1], "ddp_notebook_majority", 2)
 """
 

@@ -8,12 +8,12 @@ import json
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(REPO))
 
-from tests._pool import RankPool  # noqa: E402
-from tests.test_per_rank_metrics import full_script  # noqa: E402
-from tests.test_trainer_policies import CKPT, ES_TABLE_3, STEP_CKPT, STEP_TABLE, TABLE_3  # noqa: E402
+from tests.decisions.test_trainer_policies import CKPT, ES_TABLE_3, STEP_CKPT, STEP_TABLE, TABLE_3  # noqa: E402
+from tests.helpers.pool import RankPool  # noqa: E402
+from tests.per_rank.test_trainer_runs import full_script  # noqa: E402
 
 
 def _files(directory: Path) -> dict[str, str]:
@@ -33,11 +33,11 @@ def main() -> None:
             spec = "stock" if name == "stock" else ({} if name == "default" else {"checkpoint_policy": name})
             root = work / f"ckpt_{name}"
             outcomes[f"checkpoint/{name}"] = pool.run(
-                "tests.scenarios:fit", (str(root), spec, TABLE_3), checkpoint=CKPT, max_epochs=5
+                "tests.helpers.decision_scenarios:fit", (str(root), spec, TABLE_3), checkpoint=CKPT, max_epochs=5
             )
             es_spec = "stock" if name == "stock" else ({} if name == "default" else {"early_stopping_policy": name})
             outcomes[f"early_stopping/{name}"] = pool.run(
-                "tests.scenarios:fit",
+                "tests.helpers.decision_scenarios:fit",
                 (str(work / f"es_{name}"), es_spec, ES_TABLE_3),
                 early_stopping={"monitor": "val_loss", "patience": 1},
                 max_epochs=6,
@@ -46,7 +46,7 @@ def main() -> None:
         try:
             for name, spec in (("stock", "stock"), ("default", {}), ("mean", {"checkpoint_policy": "mean"})):
                 outcomes[f"step_checkpoint/{name}"] = step_pool.run(
-                    "tests.scenarios:fit",
+                    "tests.helpers.decision_scenarios:fit",
                     (str(work / f"step_{name}"), spec, []),
                     checkpoint=STEP_CKPT,
                     train_table=STEP_TABLE,
@@ -57,7 +57,7 @@ def main() -> None:
         for name, spec in (("stock", "stock"), ("per_rank", {"per_rank_metrics": True})):
             root = work / f"metrics_{name}"
             results = pool.run(
-                "tests.logging_scenarios:fit",
+                "tests.helpers.logging_scenarios:fit",
                 (str(root), full_script(3)),
                 strategy=spec,
                 epochs=2,

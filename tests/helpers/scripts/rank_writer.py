@@ -34,7 +34,7 @@ def expected_row(i: int) -> dict[str, float]:
 
 def _load_rank_metrics() -> types.ModuleType:
     package = types.ModuleType("lightning_ext")
-    package.__path__ = [str(Path(__file__).resolve().parents[2] / "lightning_ext")]
+    package.__path__ = [str(Path(__file__).resolve().parents[3] / "lightning_ext")]
     sys.modules["lightning_ext"] = package
     import lightning_ext.rank_metrics as rank_metrics
 

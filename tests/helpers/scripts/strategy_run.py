@@ -1,8 +1,8 @@
 """The scenario of ``tests/strategy_scenarios.py`` as a script, for launchers that start one process per rank.
 
 Usage: python strategy_run.py ROOT STRATEGY DEVICES NUM_NODES
-STRATEGY is a registry name, or JSON for :func:`tests.strategy_scenarios.make_strategy`. Every rank writes its outcome
-to ROOT/outcomes/rank_<r>.json.
+STRATEGY is a registry name, or JSON for :func:`tests.helpers.strategy_scenarios.make_strategy`. Every rank writes its
+outcome to ROOT/outcomes/rank_<r>.json.
 """
 
 import json
@@ -10,11 +10,11 @@ import os
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
 import torch
 
-from tests.strategy_scenarios import fit
+from tests.helpers.strategy_scenarios import fit
 
 
 def main() -> None:

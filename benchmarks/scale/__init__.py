@@ -1,0 +1,1 @@
+"""``python -m benchmarks.scale``: per-rank metrics at cluster scale: reading, summarizing and writing."""
