@@ -32,7 +32,7 @@ __all__ = [
     "is_world",
     "lightning_barrier_skipped",
     "side_group",
-    "start_exchange",
+    "start_all_to_all",
     "store_client",
     "wait_for",
 ]
@@ -103,8 +103,8 @@ def side_group() -> Any:
     return dist.new_group(backend="gloo")
 
 
-def start_exchange(value: int, group: Any, world_size: int) -> tuple[torch.Tensor, Any]:
-    """Start sending ``value`` to every rank of ``group``; returns the tensor that receives every rank's value.
+def start_all_to_all(value: int, group: Any, world_size: int) -> tuple[torch.Tensor, Any]:
+    """The hang checks' all-to-all: start sending ``value`` to every rank of ``group``; returns the receiving tensor.
 
     An all-to-all: every rank's value arrives in one round of messages, where gloo's all-reduce passes a small
     tensor around its ring in about ``4 x world_size`` dependent steps (and its barrier in ``log2(world_size)``).

@@ -17,10 +17,9 @@ from lightning.pytorch.trainer.states import TrainerStatus
 from torch import Tensor
 
 from lightning_ext import _collective
-from lightning_ext._hang import loaders as _loader_checks
-from lightning_ext._hang import logs as _log_checks
+from lightning_ext._hang import loaders, logs
 from lightning_ext._hang.lockstep import Lockstep, Point, is_joint, raise_record, record_of
-from lightning_ext._hang.watchdog import Watchdog
+from lightning_ext._hang.watchdog import Watchdog, is_library
 
 __all__ = ["HangChecks", "HangGuard", "UnevenMode", "validate_options"]
 
@@ -65,10 +64,8 @@ class HangGuard:
         group = _collective.side_group()
         watchdog = Watchdog(namespace, rank, world_size)
         self.lockstep = Lockstep(group, watchdog, self._safe_flush)
-        _log_checks.start(self.lockstep, trainer)
-        _loader_checks.start(
-            _loader_checks.LoaderChecks(self.lockstep, self.uneven_batches, self.check_unsized_loaders)
-        )
+        logs.start(self.lockstep, trainer)
+        loaders.start(loaders.LoaderChecks(self.lockstep, self.uneven_batches, self.check_unsized_loaders))
 
     def finish(self, trainer: Any) -> None:
         """A last check when a fit/validate/test ends normally: every rank must end it, not wait at another check."""
@@ -82,18 +79,18 @@ class HangGuard:
         lockstep, self.lockstep = self.lockstep, None
         if lockstep is None:
             return
-        _log_checks.stop()
-        _loader_checks.stop()
+        logs.stop()
+        loaders.stop()
         with contextlib.suppress(Exception):
             lockstep.watchdog.stop()
         _collective.destroy_group(lockstep.group)
 
     def reduce(self, reduce: Callable[..., Any], tensor: Any, group: Any, reduce_op: Any) -> Any:
         """``strategy.reduce`` with a check in place of Lightning's barrier."""
-        checks = _log_checks.active()
+        checks = logs.active()
         if self.lockstep is None or checks is None or not _collective.is_world(group) or not isinstance(tensor, Tensor):
             return reduce(tensor, group=group, reduce_op=reduce_op)
-        _log_checks.check_reduce(checks, tensor, reduce_op)
+        logs.check_reduce(checks, tensor, reduce_op)
         with _collective.lightning_barrier_skipped():  # the check above is that barrier
             return reduce(tensor, group=group, reduce_op=reduce_op)
 
@@ -126,12 +123,10 @@ class HangGuard:
 
 def _called_as(frame: Any) -> str:
     """``(via Trainer.log_dir) called from model.py:40 in validation_step``: the API the user called, and where."""
-    from lightning_ext._hang.watchdog import _is_library
-
     api = None
     while frame is not None:
         path = frame.f_code.co_filename.replace("\\", "/")
-        if not _is_library(path):
+        if not is_library(path):
             via = f"via {api} " if api else ""
             return f"{via}called from {frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}"
         if "/lightning/" in path:

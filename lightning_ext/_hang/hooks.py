@@ -17,8 +17,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
-from lightning_ext._hang import loaders as _loader_checks
-from lightning_ext._hang import logs as _log_checks
+from lightning_ext._hang import loaders, logs
 
 __all__ = [
     "after_eval_setup_data",
@@ -35,45 +34,45 @@ _UNCHECKED = nullcontext()  # reusable: what the context managers below are when
 
 def syncing(result_metric: Any, phase: str) -> AbstractContextManager[None]:
     """Around ``_ResultMetric.forward`` (``"step"``) or ``compute`` (``"epoch"``): the value that syncs inside."""
-    if _log_checks.active() is None:
+    if logs.active() is None:
         return _UNCHECKED
-    return _log_checks.syncing(result_metric, phase)
+    return logs.syncing(result_metric, phase)
 
 
 def epoch_round(results: Any, on_step: bool) -> AbstractContextManager[None]:
     """Around ``_ResultCollection.metrics(on_step)``: before the epoch values sync, check the keys on every rank."""
-    if on_step or _log_checks.active() is None:
+    if on_step or logs.active() is None:
         return _UNCHECKED
-    return _log_checks.epoch_round(results)
+    return logs.epoch_round(results)
 
 
 def batch_started() -> None:
     """After ``_LoggerConnector.on_batch_start``: a batch starts (step syncs are checked at their batch)."""
-    _log_checks.batch_started()
+    logs.batch_started()
 
 
 def after_fit_setup_data(loop: Any) -> None:
     """After ``_FitLoop.setup_data``: compare the training batch counts."""
-    checks = _loader_checks.active()
+    checks = loaders.active()
     if checks is not None:
         checks.after_fit_setup_data(loop)
 
 
 def after_eval_setup_data(loop: Any) -> None:
     """After ``_EvaluationLoop.setup_data``: compare the evaluation batch counts."""
-    checks = _loader_checks.active()
+    checks = loaders.active()
     if checks is not None:
         checks.after_eval_setup_data(loop)
 
 
 def max_batches(loop: Any, counts: list[Any]) -> list[Any]:
     """``_EvaluationLoop.max_batches``: the stock counts, cut to the agreed ones where ``uneven_batches="truncate"``."""
-    return _loader_checks.truncated_max_batches(loop, counts)
+    return loaders.truncated_max_batches(loop, counts)
 
 
 def fetch(fetcher: Any, next_batch: Callable[[], Any]) -> Any:
     """``_PrefetchDataFetcher.__next__`` (``next_batch`` is the stock body): unsized loaders agree after each fetch."""
-    checks = _loader_checks.active()
+    checks = loaders.active()
     if checks is None or not checks.unsized:
         return next_batch()
     try:

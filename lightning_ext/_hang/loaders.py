@@ -22,7 +22,9 @@ from typing import Any, Literal
 
 from lightning.pytorch.utilities import rank_zero_warn
 
+from lightning_ext import errors
 from lightning_ext._hang.lockstep import Lockstep, Point
+from lightning_ext._hang.messages import FIXES, count_text, describe_divergence
 
 __all__ = ["LoaderChecks", "active", "start", "stop"]
 
@@ -112,7 +114,7 @@ class LoaderChecks:
     def _compare(self, stage: str, names: list[str], counts: list[float]) -> list[float] | None:
         """Check the counts; return the agreed (shortest) counts when they differ and the mode truncates."""
         detail = {"stage": stage, "names": names, "counts": counts}
-        listed = ", ".join(f"{name}: {_count(count)}" for name, count in zip(names, counts, strict=True))
+        listed = ", ".join(f"{name}: {count_text(count)}" for name, count in zip(names, counts, strict=True))
         point = Point(
             "loaders", ("loaders", stage, tuple(names), tuple(counts)), f"the start of {stage} ({listed})", detail
         )
@@ -122,8 +124,6 @@ class LoaderChecks:
         same_loaders = all(p.kind == "loaders" and p.detail["names"] == names for p in points)
         finite = same_loaders and all(not math.isinf(c) for p in points for c in p.detail["counts"])
         if self.mode != "truncate" or not finite:
-            from lightning_ext._hang.messages import describe_divergence
-
             self.lockstep.fail_jointly(describe_divergence(points))
         agreed = [min(p.detail["counts"][i] for p in points) for i in range(len(names))]
         rank_zero_warn(_truncation_message(stage, names, points, agreed), category=UserWarning)
@@ -194,10 +194,7 @@ def _truncation_note(name: str, points: list[Point]) -> str:
     )
 
 
-def _unsized_error(name: str, points: list[Point]) -> Any:
-    from lightning_ext import errors
-    from lightning_ext._hang.messages import FIXES
-
+def _unsized_error(name: str, points: list[Point]) -> errors.UnevenBatchesError:
     ran_out = [rank for rank, p in enumerate(points) if p.detail["done"]]
     more = [rank for rank, p in enumerate(points) if not p.detail["done"]]
     lines = [
@@ -215,7 +212,3 @@ def _loader_name(loop: Any, index: int | None) -> str:
         return "train dataloader"
     prefix = "test" if trainer.testing else "val"
     return f"{prefix} dataloader {index or 0}"
-
-
-def _count(count: float) -> str:
-    return "no length" if math.isinf(count) else str(int(count))

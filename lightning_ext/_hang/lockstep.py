@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 from lightning_ext import _collective, errors
+from lightning_ext._hang.messages import describe_deadlock, describe_divergence
 from lightning_ext._hang.watchdog import ErrorRecord, Location, Watchdog
 
 __all__ = ["Lockstep", "Point", "is_joint", "mark_joint", "raise_record"]
@@ -105,7 +106,7 @@ class Lockstep:
         fingerprint = _at(point.fingerprint, position)
         with self._lock:
             self.count += 1
-            row, work = _collective.start_exchange(fingerprint, self.group, self.world_size)
+            row, work = _collective.start_all_to_all(fingerprint, self.group, self.world_size)
         if not _collective.wait_for(work, _FIRST_WAIT):
             self._wait_long(work, point)
         fingerprints: list[int] = row.tolist()
@@ -122,7 +123,7 @@ class Lockstep:
         """
         if not self.agree(point, position):
             mine = dataclasses.replace(point, where=f"{point.where} at {label}", position=position) if label else point
-            self.fail_jointly(divergence_error(self.gather(mine)))
+            self.fail_jointly(describe_divergence(self.gather(mine)))
 
     def gather(self, point: Point) -> list[Point]:
         """Every rank's point (after a check that found them different: every rank calls this then)."""
@@ -150,7 +151,7 @@ class Lockstep:
         with self._lock:
             while self.count < target:
                 self.count += 1
-                self._fillers.append(_collective.start_exchange(0, self.group, self.world_size))
+                self._fillers.append(_collective.start_all_to_all(0, self.group, self.world_size))
 
     def _wait_long(self, work: Any, point: Point) -> None:
         self.watchdog.check = (self.count, point.where)
@@ -190,7 +191,7 @@ class Lockstep:
             if loc.blocked_in is not None and loc.rank in seen and seen[loc.rank].signature == loc.signature
         ]
         if missing and len(stuck) == len(missing) and len(locations) == len(others):
-            self.fail_alone(deadlock_error(point, self.rank, stuck))
+            self.fail_alone(describe_deadlock(point, self.rank, stuck))
         return locations
 
 
@@ -221,17 +222,3 @@ def raise_record(record: ErrorRecord, cause: BaseException | None = None) -> NoR
     """Raise the error a board entry describes (same class, same message, on whichever rank reads it)."""
     cls = getattr(errors, record.cls, errors.RankFailedError)
     raise mark_joint(cls(record.message)) from cause
-
-
-def divergence_error(points: list[Point]) -> errors.CrossRankError:
-    """The error for ranks that reached different points (every rank builds the same one from the same points)."""
-    from lightning_ext._hang.messages import describe_divergence
-
-    return describe_divergence(points)
-
-
-def deadlock_error(point: Point, rank: int, stuck: list[Location]) -> errors.CrossRankError:
-    """The error for ranks that never reached ``point``: they are blocked in another collective."""
-    from lightning_ext._hang.messages import describe_deadlock
-
-    return describe_deadlock(point, rank, stuck)

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lightning_ext._hang.lockstep import Lockstep, Point
+from lightning_ext._hang.watchdog import is_library
 
 __all__ = [
     "LogChecks",
@@ -171,12 +172,10 @@ def _log_point(checks: LogChecks, metric: Any) -> Point:
 
 def user_site() -> str:
     """``file:line in function`` of the innermost caller outside torch, Lightning, lightning-ext and the stdlib."""
-    from lightning_ext._hang.watchdog import _is_library
-
     frame = sys._getframe(1)
     while frame is not None:
         path = frame.f_code.co_filename.replace("\\", "/")
-        if not _is_library(path):
+        if not is_library(path):
             return f"{frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}"
         frame = frame.f_back  # type: ignore[assignment]
     return "an unknown place"

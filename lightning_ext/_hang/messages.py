@@ -6,13 +6,15 @@ ranks that did and did not log it; the collective call and the rank that skipped
 """
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lightning_ext import errors
-from lightning_ext._hang.lockstep import Point
 from lightning_ext._hang.watchdog import Location
 
-__all__ = ["FIXES", "describe_deadlock", "describe_divergence", "error_class"]
+if TYPE_CHECKING:  # annotations only: lockstep imports this module
+    from lightning_ext._hang.lockstep import Point
+
+__all__ = ["FIXES", "count_text", "describe_deadlock", "describe_divergence", "error_class"]
 
 FIXES = {
     "log": (
@@ -50,7 +52,7 @@ def error_class(kinds: Sequence[str]) -> type[errors.CrossRankError]:
     return errors.DivergentCollectiveError
 
 
-def describe_divergence(points: Sequence[Point]) -> errors.CrossRankError:
+def describe_divergence(points: Sequence["Point"]) -> errors.CrossRankError:
     """The error for ranks that reached different points at the same check."""
     cls = error_class([point.kind for point in points])
     if cls is errors.UnevenBatchesError and all(point.kind == "loaders" for point in points):
@@ -68,7 +70,7 @@ def describe_divergence(points: Sequence[Point]) -> errors.CrossRankError:
     return cls("\n".join([*lines, FIXES[fix]]))
 
 
-def describe_deadlock(point: Point, rank: int, stuck: Sequence[Location]) -> errors.CrossRankError:
+def describe_deadlock(point: "Point", rank: int, stuck: Sequence[Location]) -> errors.CrossRankError:
     """The error for a rank waiting at ``point`` that the ``stuck`` ranks will never reach."""
     cls = error_class([point.kind])
     ranks = sorted(location.rank for location in stuck)
@@ -82,7 +84,7 @@ def describe_deadlock(point: Point, rank: int, stuck: Sequence[Location]) -> err
     return cls("\n".join(lines))
 
 
-def _uneven_headline(points: Sequence[Point]) -> str:
+def _uneven_headline(points: Sequence["Point"]) -> str:
     details: list[Any] = [point.detail for point in points]
     stage = details[0]["stage"]
     names = details[0]["names"]
@@ -92,12 +94,12 @@ def _uneven_headline(points: Sequence[Point]) -> str:
     for position, name in enumerate(names):
         counts = [detail["counts"][position] for detail in details]
         if len(set(counts)) > 1:
-            listed = ", ".join(f"rank {rank}: {_count(count)}" for rank, count in enumerate(counts))
+            listed = ", ".join(f"rank {rank}: {count_text(count)}" for rank, count in enumerate(counts))
             parts.append(f"the {name} yields different numbers of batches per rank ({listed})")
     return f"Uneven data in {stage}: {'; '.join(parts)}. The ranks would run different numbers of steps and hang:"
 
 
-def _logging_headline(points: Sequence[Point]) -> str:
+def _logging_headline(points: Sequence["Point"]) -> str:
     if not any(point.kind == "log" for point in points):
         rounds = [point for point in points if point.kind == "epoch_logs"]
         first = min(point.position for point in rounds)
@@ -115,7 +117,7 @@ def _logging_headline(points: Sequence[Point]) -> str:
     return "Synced logging differs between ranks: " + "; ".join(parts) + ". The ranks would hang or mix up values:"
 
 
-def _epoch_keys_headline(points: Sequence[Point | None]) -> str:
+def _epoch_keys_headline(points: Sequence["Point | None"]) -> str:
     """The keys of the first epoch-end round that not every rank syncs (``None``: a rank that went on past it)."""
     keys_by_rank = [[] if p is None else [(entry["name"], entry["fx"]) for entry in _entries(p)] for p in points]
     sites = {(entry["name"], entry["fx"]): entry["site"] for p in points if p is not None for entry in _entries(p)}
@@ -131,7 +133,7 @@ def _epoch_keys_headline(points: Sequence[Point | None]) -> str:
     return "Synced logging differs between ranks: " + "; ".join(parts) + ". The ranks would hang or mix up values:"
 
 
-def _entries(point: Point) -> list[dict[str, str]]:
+def _entries(point: "Point") -> list[dict[str, str]]:
     if point.kind == "log":
         return [point.detail]
     if point.kind == "epoch_logs":
@@ -139,5 +141,6 @@ def _entries(point: Point) -> list[dict[str, str]]:
     return []
 
 
-def _count(count: float) -> str:
+def count_text(count: float) -> str:
+    """A batch count for people: ``"no length"`` for a loader without one."""
     return "no length" if count == float("inf") else str(int(count))

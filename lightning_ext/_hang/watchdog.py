@@ -30,7 +30,7 @@ from pathlib import Path
 
 from lightning_ext import _collective
 
-__all__ = ["ErrorRecord", "Location", "Watchdog"]
+__all__ = ["ErrorRecord", "Location", "Watchdog", "is_library"]
 
 _ANSWER_TIMEOUT = timedelta(seconds=5)
 _STOP_WAIT = timedelta(seconds=10)
@@ -233,10 +233,6 @@ def _stop_live_watchdogs() -> None:
         watchdog.stop(_EXIT_WAIT)
 
 
-def _digest(value: object) -> str:
-    return hashlib.blake2b(repr(value).encode(), digest_size=8).hexdigest()
-
-
 def _blocking_call(stack: traceback.StackSummary) -> str | None:
     for frame in reversed(stack):
         path = frame.filename.replace("\\", "/")
@@ -250,12 +246,12 @@ def _blocking_call(stack: traceback.StackSummary) -> str | None:
 def _user_frame(stack: traceback.StackSummary) -> str | None:
     for frame in reversed(stack):
         path = frame.filename.replace("\\", "/")
-        if _is_library(path):
+        if is_library(path):
             continue
         return f"{frame.filename}:{frame.lineno} in {frame.name}"
     return None
 
 
-def _is_library(path: str) -> bool:
+def is_library(path: str) -> bool:
     """Installed packages, lightning-ext and the standard library: not where a user's culprit line is."""
     return path.startswith(("<", _STDLIB, *_PACKAGES))
