@@ -32,8 +32,8 @@ _EXPORTS = {
     "PolicyModelParallelStrategy": "lightning_ext.strategies",
     "PolicyStrategyMixin": "lightning_ext.strategies.mixin",
     "Quorum": "lightning_ext.policies",
-    "RankMetricsError": "lightning_ext.rank_metrics",
-    "RankMetricsWarning": "lightning_ext.rank_metrics",
+    "RankMetricsError": "lightning_ext.errors",
+    "RankMetricsWarning": "lightning_ext.errors",
     "RankZero": "lightning_ext.policies",
     "VotePolicy": "lightning_ext.policies",
     "VoteTally": "lightning_ext.policies",
@@ -74,7 +74,14 @@ if importlib.util.find_spec("deepspeed") is None:
     __all__ = [name for name in __all__ if name != "PolicyDeepSpeedStrategy"]
 
 if TYPE_CHECKING:
-    from lightning_ext.errors import CrossRankError, LocalDecisionError, MonitorMissingError, PolicyMismatchError
+    from lightning_ext.errors import (
+        CrossRankError,
+        LocalDecisionError,
+        MonitorMissingError,
+        PolicyMismatchError,
+        RankMetricsError,
+        RankMetricsWarning,
+    )
     from lightning_ext.policies import (
         AggregatePolicy,
         AllRanks,
@@ -89,8 +96,6 @@ if TYPE_CHECKING:
     )
     from lightning_ext.rank_metrics import (
         PerRankMetrics,
-        RankMetricsError,
-        RankMetricsWarning,
         incomplete_ranks,
         read_rank_metrics,
     )

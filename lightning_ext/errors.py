@@ -1,23 +1,34 @@
-"""Errors that lightning-ext raises identically on every rank, so that no rank is left waiting in a collective.
+"""Every exception and warning class of lightning-ext, in one module."""
 
-Every one subclasses :class:`CrossRankError`. Where a rank cannot raise on its own (it is blocked in a collective that
-the others never join), lightning-ext unblocks it and it raises the same error, with the same message.
-"""
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from lightning_ext.patches._tool import SeriesReport
 
 __all__ = [
     "CrossRankError",
     "DivergentCollectiveError",
     "DivergentLoggingError",
     "LocalDecisionError",
+    "MixedRunsError",
     "MonitorMissingError",
+    "PatchError",
     "PolicyMismatchError",
     "RankFailedError",
+    "RankMetricsError",
+    "RankMetricsWarning",
+    "SeriesNotApplicableError",
     "UnevenBatchesError",
 ]
 
 
+# ---- raised identically on every rank, so that no rank is left waiting in a collective -----------------------------
 class CrossRankError(RuntimeError):
-    """Base class: raised with the same message on every rank at the same point of the run."""
+    """Base class: raised with the same message on every rank at the same point of the run.
+
+    Where a rank cannot raise on its own (it is blocked in a collective that the others never join), lightning-ext
+    unblocks it and it raises the same error, with the same message.
+    """
 
 
 class MonitorMissingError(CrossRankError):
@@ -46,3 +57,44 @@ class DivergentCollectiveError(CrossRankError):
 
 class RankFailedError(CrossRankError):
     """Another rank raised; its error and traceback are in the message."""
+
+
+# ---- the per-rank metrics files --------------------------------------------------------------------------------------
+class RankMetricsError(ValueError):
+    """A per-rank metrics file is not in the expected format; the message names the file, line and column."""
+
+
+class MixedRunsError(RankMetricsError):
+    """The per-rank files under a log directory come from more than one run; the message names them."""
+
+
+class RankMetricsWarning(RuntimeWarning):
+    """Per-rank metrics stepped aside (a rank stopped writing its file) or a file is incomplete."""
+
+
+# ---- the patch tool ------------------------------------------------------------------------------------------------
+class PatchError(Exception):
+    """A series that cannot be checked, applied or reverted as asked; the message (one line) says why."""
+
+
+class SeriesNotApplicableError(PatchError):
+    """A hunk fails, or a patch is partly in the target; nothing was written. ``report`` says which."""
+
+    def __init__(self, action: str, report: "SeriesReport") -> None:
+        super().__init__(f"refusing to {action}: {report.summary()}; nothing was written")
+        self.report = report
+
+
+# ---- lightning-ext's own bookkeeping -------------------------------------------------------------------------------
+_JOINT = "_lightning_ext_joint"
+
+
+def mark_joint(error: BaseException) -> BaseException:
+    """Mark ``error`` as raised by every rank at the same point (so no rank needs to hear of it, or be released)."""
+    error.__dict__[_JOINT] = True
+    return error
+
+
+def is_joint(error: BaseException) -> bool:
+    """Whether ``error`` was marked by :func:`mark_joint`."""
+    return bool(error.__dict__.get(_JOINT, False))

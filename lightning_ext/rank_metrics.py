@@ -43,8 +43,6 @@ import pandas as pd
 
 from lightning_ext._per_rank.csv_format import (
     STEP,
-    RankMetricsError,
-    RankMetricsWarning,
     check_metric_name,
     check_template,
     column_name,
@@ -53,8 +51,8 @@ from lightning_ext._per_rank.listing import list_rank_files
 from lightning_ext._per_rank.markers import describe
 from lightning_ext._per_rank.parted_file import PartedFile
 from lightning_ext._per_rank.reader import ReadReport, Request, read_markers, read_table
-from lightning_ext._per_rank.run_check import MixedRunsError
 from lightning_ext._per_rank.storage import LocalFile, join, split_location
+from lightning_ext.errors import MixedRunsError, RankMetricsError, RankMetricsWarning
 
 __all__ = [
     "DEFAULT_FILENAME",

@@ -36,8 +36,7 @@ from torch import Tensor
 from lightning_ext._collective import RankGroup, all_gather_objects, all_reduce_row
 from lightning_ext._decisions.local_top_k import LocalTopK
 from lightning_ext._decisions.rows import Agreement, Layout, Observation, pack, unpack
-from lightning_ext._hang.lockstep import mark_joint
-from lightning_ext.errors import LocalDecisionError, MonitorMissingError
+from lightning_ext.errors import LocalDecisionError, MonitorMissingError, mark_joint
 from lightning_ext.policies import AggregatePolicy, DecisionPolicy, VotePolicy, VoteTally
 from lightning_ext.strategies._compat import record_nonfinite_stop, record_stop_message
 

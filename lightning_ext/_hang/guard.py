@@ -18,8 +18,9 @@ from torch import Tensor
 
 from lightning_ext import _collective
 from lightning_ext._hang import loaders, logs
-from lightning_ext._hang.lockstep import Lockstep, Point, is_joint, raise_record, record_of
+from lightning_ext._hang.lockstep import Lockstep, Point, raise_record, record_of
 from lightning_ext._hang.watchdog import Watchdog, is_library
+from lightning_ext.errors import is_joint
 
 __all__ = ["HangChecks", "HangGuard", "UnevenMode", "validate_options"]
 

@@ -31,8 +31,9 @@ from typing import Any, NoReturn
 from lightning_ext import _collective, errors
 from lightning_ext._hang.messages import describe_deadlock, describe_divergence
 from lightning_ext._hang.watchdog import ErrorRecord, Location, Watchdog
+from lightning_ext.errors import mark_joint
 
-__all__ = ["Lockstep", "Point", "is_joint", "mark_joint", "raise_record"]
+__all__ = ["Lockstep", "Point", "raise_record", "record_of"]
 
 _FIRST_WAIT = 2.0  # seconds before a waiting rank asks where the others are
 _NEXT_WAIT = 1.0  # between two looks: a rank is stuck only if it has not moved in between
@@ -193,20 +194,6 @@ class Lockstep:
         if missing and len(stuck) == len(missing) and len(locations) == len(others):
             self.fail_alone(describe_deadlock(point, self.rank, stuck))
         return locations
-
-
-_JOINT = "_lightning_ext_joint"
-
-
-def mark_joint(error: BaseException) -> BaseException:
-    """Mark ``error`` as raised by every rank at the same point (so no rank needs to hear of it, or be released)."""
-    error.__dict__[_JOINT] = True
-    return error
-
-
-def is_joint(error: BaseException) -> bool:
-    """Whether ``error`` was marked by :func:`mark_joint`."""
-    return bool(error.__dict__.get(_JOINT, False))
 
 
 def record_of(error: BaseException, rank: int, *, joint: bool) -> ErrorRecord:

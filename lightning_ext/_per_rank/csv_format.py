@@ -28,6 +28,8 @@ import numpy as np
 import pandas as pd
 from numpy.typing import NDArray
 
+from lightning_ext.errors import RankMetricsError
+
 __all__ = [
     "EPOCH",
     "ESCAPE",
@@ -35,8 +37,6 @@ __all__ = [
     "RANK",
     "RESERVED",
     "STEP",
-    "RankMetricsError",
-    "RankMetricsWarning",
     "check_header",
     "check_metric_name",
     "check_template",
@@ -56,14 +56,6 @@ ESCAPE = "metric:"
 NA_CELLS = ["", "nan"]  # an empty cell (metric not logged in that call) and a logged NaN both read as NaN
 
 Cell = int | float | str
-
-
-class RankMetricsError(ValueError):
-    """A per-rank metrics file is not in the expected format; the message names the file, line and column."""
-
-
-class RankMetricsWarning(RuntimeWarning):
-    """Per-rank metrics stepped aside (a rank stopped writing its file) or a file is incomplete."""
 
 
 def column_name(name: str) -> str:

@@ -33,7 +33,8 @@ from lightning_ext._per_rank import local_values as _local_values
 from lightning_ext._per_rank.local_values import OMITTED, local_values_for
 from lightning_ext._per_rank.markers import SUFFIX, encode_marker, read_markers, remove_markers, write_marker
 from lightning_ext._per_rank.storage import join, write_whole
-from lightning_ext.rank_metrics import PerRankMetrics, RankMetricsWarning, RankMetricsWriter
+from lightning_ext.errors import RankMetricsWarning
+from lightning_ext.rank_metrics import PerRankMetrics, RankMetricsWriter
 
 __all__ = ["RankCSVLogger", "loggers_for"]
 

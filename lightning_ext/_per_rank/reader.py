@@ -22,7 +22,6 @@ from lightning_ext._per_rank.csv_format import (
     EPOCH,
     RANK,
     STEP,
-    RankMetricsError,
     check_header,
     check_template,
     whole_numbers,
@@ -32,6 +31,7 @@ from lightning_ext._per_rank.listing import RankFiles, list_rank_files
 from lightning_ext._per_rank.markers import describe, parse_marker
 from lightning_ext._per_rank.parted_file import read_chunks
 from lightning_ext._per_rank.run_check import RankInfo, check_one_run, check_rotations, rank_ranges
+from lightning_ext.errors import RankMetricsError
 
 __all__ = ["ReadReport", "Request", "read_markers", "read_table"]
 

@@ -24,19 +24,15 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from lightning_ext._per_rank.csv_format import RankMetricsError
+from lightning_ext.errors import MixedRunsError
 
-__all__ = ["MixedRunsError", "RankInfo", "check_one_run", "check_rotations", "rank_ranges"]
+__all__ = ["RankInfo", "check_one_run", "check_rotations", "rank_ranges"]
 
 _NAMED = 3  # files named per group in a message; the rest are counted
 _FIX = (
     "Read the ranks of one run (read_rank_metrics(..., ranks=[...]), lightning-ext ranks --ranks ...) or move the other"
     " run's files away; allow_mixed=True (--allow-mixed) reads them anyway"
 )
-
-
-class MixedRunsError(RankMetricsError):
-    """The per-rank files under a log directory come from more than one run; the message names them."""
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,6 @@ from fsspec.implementations.local import LocalFileSystem
 from lightning_ext._per_rank.csv_format import (
     STEP,
     Cell,
-    RankMetricsWarning,
     check_header,
     decode,
     encode_rows,
@@ -45,6 +44,7 @@ from lightning_ext._per_rank.durable import (
     open_for_append,
     replace_atomically,
 )
+from lightning_ext.errors import RankMetricsWarning
 
 __all__ = [
     "LocalFile",

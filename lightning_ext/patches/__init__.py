@@ -6,7 +6,8 @@
 
 from typing import Literal
 
-from lightning_ext.patches._tool import PatchError, SeriesNotApplicableError, SeriesReport, apply, check, revert
+from lightning_ext.errors import PatchError, SeriesNotApplicableError
+from lightning_ext.patches._tool import SeriesReport, apply, check, revert
 
 __all__ = ["PatchError", "SeriesNotApplicableError", "SeriesReport", "apply", "check", "patch_mode", "revert"]
 

@@ -6,7 +6,7 @@ Only edits of existing text files inside ``lightning/`` are accepted; every path
 
 >>> _package_file("b/lightning/../../etc/x", "0001-x.patch")
 Traceback (most recent call last):
-lightning_ext.patches._tool.PatchError: 0001-x.patch: refusing path 'b/lightning/../../etc/x': ...
+lightning_ext.errors.PatchError: 0001-x.patch: refusing path 'b/lightning/../../etc/x': ...
 """
 
 import importlib.util
@@ -22,16 +22,14 @@ from typing import Literal, NamedTuple
 from unidiff.errors import UnidiffParseError
 from unidiff.patch import PatchSet
 
-__all__ = ["Hunk", "Patch", "PatchError", "SeriesNotApplicableError", "SeriesReport", "apply", "check", "revert"]
+from lightning_ext.errors import PatchError, SeriesNotApplicableError
+
+__all__ = ["Hunk", "Patch", "SeriesReport", "apply", "check", "revert"]
 
 _ENCODING = {"encoding": "utf-8", "errors": "surrogateescape"}  # undecodable bytes survive a round trip
 _Files = dict[Path, bytes]
 _State = Literal["clean", "partial", "applied", "conflict"]
 _WORDS = (("FAILS", "fail"), ("ALREADY APPLIED", "already applied"))  # how the summary counts a patch's hunks
-
-
-class PatchError(Exception):
-    """A series that cannot be checked, applied or reverted as asked; the message (one line) says why."""
 
 
 class Hunk(NamedTuple):
@@ -108,14 +106,6 @@ class SeriesReport:
                 if hunk.detail:
                     lines[-1] += f" ({hunk.detail})" if hunk.status == "OK" else f"\n    {hunk.detail}"
         return "\n".join([*lines, f"result: {self.summary()}"])
-
-
-class SeriesNotApplicableError(PatchError):
-    """A hunk fails, or a patch is partly in the target; nothing was written. ``report`` says which."""
-
-    def __init__(self, action: str, report: SeriesReport) -> None:
-        super().__init__(f"refusing to {action}: {report.summary()}; nothing was written")
-        self.report = report
 
 
 def check(*, target: Path | str | None = None, series: Path | str | None = None) -> SeriesReport:

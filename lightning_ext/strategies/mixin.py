@@ -20,10 +20,9 @@ from lightning_ext import _collective
 from lightning_ext._collective import RankGroup, all_gather_objects
 from lightning_ext._decisions import checkpoint as _decisions
 from lightning_ext._hang.guard import HangChecks, HangGuard, UnevenMode, validate_options
-from lightning_ext._hang.lockstep import mark_joint
 from lightning_ext._per_rank import local_values as _local_values
 from lightning_ext._per_rank.logger import RankCSVLogger, loggers_for
-from lightning_ext.errors import PolicyMismatchError
+from lightning_ext.errors import PolicyMismatchError, mark_joint
 from lightning_ext.policies import DecisionPolicy, PolicyLike, resolve_policy
 from lightning_ext.rank_metrics import PerRankMetrics
 from lightning_ext.strategies import _runtime
