@@ -12,13 +12,11 @@ import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import PrefixStore, TCPStore
-
-from lightning_ext._decisions.rows import Layout, Number
 
 __all__ = [
     "RankGroup",
@@ -65,13 +63,16 @@ class RankGroup:
         return cls(world_size=int(strategy.world_size), rank=int(strategy.global_rank), device=strategy.root_device)
 
 
-def all_reduce_row(row: list[Number], layout: Layout, ranks: RankGroup) -> list[Number]:
-    """Reduce one packed row across ranks (one all-reduce), or return it unchanged at world size 1."""
+def all_reduce_row(
+    row: list[int | float], ranks: RankGroup, *, op: Literal["sum", "max"], dtype: Literal["int64", "float64"]
+) -> list[int | float]:
+    """Reduce one packed row across ranks (one all-reduce of ``dtype``, element-wise ``op``), or return it unchanged
+    at world size 1."""
     if ranks.world_size == 1:
         return list(row)
-    tensor = torch.tensor(row, dtype=_DTYPES[layout.dtype], device=ranks.device)
-    dist.all_reduce(tensor, op=_OPS[layout.op], group=ranks.group)
-    reduced: list[Number] = tensor.tolist()
+    tensor = torch.tensor(row, dtype=_DTYPES[dtype], device=ranks.device)
+    dist.all_reduce(tensor, op=_OPS[op], group=ranks.group)
+    reduced: list[int | float] = tensor.tolist()
     return reduced
 
 

@@ -39,7 +39,7 @@ _METHOD_NOTES = [
     " compares and calls reduce_boolean_decision; checkpoint/<policy> is"
     " lightning_ext._decisions.checkpoint.decide_top_k on the"
     " same state. early_stopping/stock is EarlyStopping._run_early_stopping_check; early_stopping/<policy> is"
-    " lightning_ext._decisions.checkpoint.run_early_stopping_check. Stock subjects run with lightning-ext's runtime"
+    " lightning_ext._decisions.early_stopping.run_early_stopping_check. Stock subjects run with lightning-ext's runtime"
     " seams taken"
     " out.",
     "Collectives are counted with benchmarks.helpers.collectives.count_collectives() (torch.distributed calls made from"

@@ -7,7 +7,7 @@ Subjects, for each path (``checkpoint``, ``early_stopping``):
   ``EarlyStopping._run_early_stopping_check``. Both run inside :func:`~benchmarks.comm.stock.stock_lightning`.
 * ``<path>/<policy>`` for every built-in policy, on a ``PolicyDDPStrategy`` carrying it:
   :func:`lightning_ext._decisions.checkpoint.decide_top_k` on the same callback state, and
-  :func:`lightning_ext._decisions.checkpoint.run_early_stopping_check`.
+  :func:`lightning_ext._decisions.early_stopping.run_early_stopping_check`.
 
 Each round runs every subject once, in an order shuffled with the same seed on every rank, with fresh random metric
 values drawn per rank (about half of the ranks vote yes, so decisions vary). Before each timed call, an untimed
@@ -33,7 +33,8 @@ from benchmarks.comm.stock import TrainerStandIn, policy_strategy, stock_lightni
 from benchmarks.helpers.collectives import count_collectives
 from lightning_ext import available_policies
 from lightning_ext._collective import RankGroup
-from lightning_ext._decisions.checkpoint import decide_top_k, run_early_stopping_check
+from lightning_ext._decisions.checkpoint import decide_top_k
+from lightning_ext._decisions.early_stopping import run_early_stopping_check
 from lightning_ext.strategies import PolicyDDPStrategy
 
 __all__ = ["COUNT_ROUNDS", "DecisionResult", "decision_policies", "decision_subjects", "run_decisions"]

@@ -26,29 +26,20 @@ import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import Any
 
 import torch
-from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 
-from lightning_ext._collective import RankGroup, all_gather_objects, all_reduce_row
+from lightning_ext._collective import RankGroup
+from lightning_ext._decisions.agreement import agree, as_vote, decide, layout_kind, row_layout
 from lightning_ext._decisions.local_top_k import LocalTopK
-from lightning_ext._decisions.rows import Agreement, Layout, Observation, pack, unpack
-from lightning_ext.errors import LocalDecisionError, MonitorMissingError, mark_joint
-from lightning_ext.policies import AggregatePolicy, DecisionPolicy, VotePolicy, VoteTally
-from lightning_ext.strategies._compat import record_nonfinite_stop, record_stop_message
+from lightning_ext._decisions.rows import Observation
+from lightning_ext.policies import DecisionPolicy, VotePolicy, VoteTally
 
-__all__ = [
-    "StopDecision",
-    "TopKDecision",
-    "decide_early_stop",
-    "decide_top_k",
-    "prepare_topk_decision",
-    "run_early_stopping_check",
-    "save_topk_checkpoint",
-]
+__all__ = ["TopKDecision", "decide_top_k", "prepare_topk_decision", "save_topk_checkpoint"]
 
 _TEMPLATE_KEY = re.compile(r"(\{.*?)[:\}]")  # the pattern ModelCheckpoint uses to find metrics in a file name
 _TRAINER_KEYS = frozenset({"epoch", "step"})  # filled from the trainer, identical on every rank
@@ -72,20 +63,6 @@ class TopKDecision:
     score: Tensor
     names: dict[str, Tensor | None]
     local_score: Tensor | None = None
-
-
-@dataclass(frozen=True)
-class StopDecision:
-    """The agreed outcome of one early-stopping check.
-
-    Attributes:
-        stop: whether every rank stops.
-        reason: the message explaining this rank's outcome, if any.
-
-    """
-
-    stop: bool
-    reason: str | None
 
 
 def save_topk_checkpoint(callback: ModelCheckpoint, trainer: Any, monitor_candidates: dict[str, Tensor]) -> bool:
@@ -145,30 +122,6 @@ def prepare_topk_decision(callback: ModelCheckpoint, trainer: Any, monitor_candi
     callback.__dict__[_EARLY_DECISION] = (monitor_candidates, decision)
 
 
-def run_early_stopping_check(callback: EarlyStopping, trainer: Any) -> bool:
-    """``EarlyStopping._run_early_stopping_check`` under ``trainer.strategy.early_stopping_policy``.
-
-    Returns:
-        ``True`` if it handled the call; ``False`` if the stock method must run instead (``fast_dev_run``, or the
-        metric is missing on every rank: the stock error or warning, with no collective).
-
-    """
-    if trainer.fast_dev_run:
-        return False
-    logs = trainer.callback_metrics
-    policy: DecisionPolicy = trainer.strategy.early_stopping_policy
-    decision = decide_early_stop(RankGroup.from_strategy(trainer.strategy), policy, callback, logs)
-    if decision is None:
-        return False
-    trainer.should_stop = trainer.should_stop or decision.stop
-    if decision.stop:
-        callback.stopped_epoch = trainer.current_epoch
-        record_stop_message(callback, decision.reason)
-    if decision.reason and callback.verbose:
-        callback._log_info(trainer, decision.reason, callback.log_rank_zero_only)
-    return True
-
-
 def decide_top_k(
     ranks: RankGroup,
     policy: DecisionPolicy,
@@ -200,12 +153,12 @@ def decide_top_k(
             if is_vote:
                 with LocalTopK.of(callback).installed(callback), _local_decisions(trainer.strategy):
                     local = callback.check_monitor_top_k(trainer, current)
-                vote = _as_vote(local, f"{type(callback).__name__}.check_monitor_top_k") and math.isfinite(value)
+                vote = as_vote(local, f"{type(callback).__name__}.check_monitor_top_k") and math.isfinite(value)
     except Exception as exc:  # reported on every rank after the exchange, so no rank is left waiting
         failure, extras = exc, (None,) * len(extra_keys)
 
-    layout = _layout(_layout_kind(policy), ranks.world_size, is_vote, len(extra_keys))
-    agreement = _agree(ranks, layout, Observation(value, vote, extras, failure is not None), failure, callback)
+    layout = row_layout(layout_kind(policy), ranks.world_size, is_vote, len(extra_keys))
+    agreement = agree(ranks, layout, Observation(value, vote, extras, failure is not None), failure, callback)
     if agreement.presence == "none":
         return None
     assert current is not None
@@ -215,7 +168,7 @@ def decide_top_k(
         for key, extra in zip(extra_keys, agreement.extras, strict=True)
     }
     if isinstance(policy, VotePolicy):
-        wanted = _decide(policy, VoteTally(agreement.yes, ranks.world_size, agreement.rank_zero_vote))
+        wanted = decide(policy, VoteTally(agreement.yes, ranks.world_size, agreement.rank_zero_vote))
         rank_zero = torch.tensor(agreement.value, dtype=current.dtype, device=current.device)
         names[monitor] = rank_zero
         # the score recorded is rank 0's value, whatever rank 0 voted: a non-finite one must never be recorded
@@ -225,134 +178,9 @@ def decide_top_k(
     agreed = torch.tensor(agreement.value, dtype=current.dtype, device=current.device)
     with _local_decisions(trainer.strategy):
         local = callback.check_monitor_top_k(trainer, agreed)
-    save = _as_vote(local, f"{type(callback).__name__}.check_monitor_top_k") and bool(torch.isfinite(agreed))
+    save = as_vote(local, f"{type(callback).__name__}.check_monitor_top_k") and bool(torch.isfinite(agreed))
     names[monitor] = agreed
     return TopKDecision(save=save, score=agreed, names=names)
-
-
-def decide_early_stop(
-    ranks: RankGroup, policy: DecisionPolicy, callback: EarlyStopping, logs: dict[str, Tensor]
-) -> StopDecision | None:
-    """Agree whether to stop; updates the callback's own state; ``None`` if the metric is missing on every rank.
-
-    Raises:
-        MonitorMissingError: on every rank, if the metric is missing on some ranks only.
-        LocalDecisionError: on every rank, if some rank could not make its local decision.
-
-    """
-    current = logs.get(callback.monitor)
-    failure: BaseException | None = None
-    value: float | None = None
-    vote = False
-    reason: str | None = None
-    try:
-        if current is not None:
-            current = current.squeeze()
-            value = float(current)
-            if isinstance(policy, VotePolicy):
-                should_stop, reason = callback._evaluate_stopping_criteria(current)
-                vote = _as_vote(should_stop, f"{type(callback).__name__}._evaluate_stopping_criteria")
-    except Exception as exc:  # reported on every rank after the exchange
-        failure = exc
-
-    layout = _layout(_layout_kind(policy), ranks.world_size, False, 0)
-    agreement = _agree(ranks, layout, Observation(value, vote, (), failure is not None), failure, callback)
-    if agreement.presence == "none":
-        return None
-    assert current is not None
-    nonfinite_stop = callback.check_finite and agreement.nonfinite
-    nonfinite_reason = (
-        f"Monitored metric {callback.monitor} is not finite on at least one rank. Signaling every rank to stop."
-    )
-
-    if isinstance(policy, VotePolicy):
-        tally = VoteTally(agreement.yes, ranks.world_size, agreement.rank_zero_vote)
-        stop = _decide(policy, tally)
-        if stop and not vote:
-            reason = f"{tally.yes} of {tally.world_size} rank(s) asked to stop; policy {policy!r} stops every rank."
-        if nonfinite_stop and not stop:  # overrides any policy, on every rank alike
-            stop = True
-            reason = reason if vote else nonfinite_reason  # the non-finite rank keeps its own stock message
-        return StopDecision(stop=stop, reason=reason)
-
-    agreed = torch.tensor(agreement.value, dtype=current.dtype, device=current.device)
-    should_stop, reason = callback._evaluate_stopping_criteria(agreed)
-    stop = _as_vote(should_stop, f"{type(callback).__name__}._evaluate_stopping_criteria")
-    if nonfinite_stop and not stop:
-        record_nonfinite_stop(callback)
-        stop, reason = True, nonfinite_reason
-    return StopDecision(stop=stop, reason=reason)
-
-
-@functools.lru_cache(maxsize=256)
-def _layout(kind: Any, world_size: int, with_reference: bool, extras: int) -> Layout:
-    """A decision's row layout (cached: a run uses a handful, and each is validated once)."""
-    return Layout(kind, world_size, with_reference=with_reference, extras=extras)
-
-
-def _layout_kind(policy: DecisionPolicy) -> Any:
-    if isinstance(policy, AggregatePolicy):
-        return policy.reduction
-    if isinstance(policy, VotePolicy):
-        return "vote"
-    raise TypeError(f"{policy!r} is neither a VotePolicy nor an AggregatePolicy")
-
-
-def _agree(
-    ranks: RankGroup, layout: Layout, observation: Observation, failure: BaseException | None, callback: Any
-) -> Agreement:
-    """The one exchange of a decision, and the errors every rank raises together."""
-    agreement = unpack(layout, all_reduce_row(pack(layout, observation, rank=ranks.rank), layout, ranks))
-    if agreement.failed:
-        _raise_failure(ranks, failure, callback)
-    if agreement.presence == "mixed":
-        _raise_missing(ranks, observation.value is not None, callback)
-    return agreement
-
-
-def _raise_failure(ranks: RankGroup, failure: BaseException | None, callback: Any) -> NoReturn:
-    local = None if failure is None else f"{type(failure).__name__}: {failure}"
-    reports = all_gather_objects(local, ranks)
-    details = "; ".join(f"rank {rank}: {report}" for rank, report in enumerate(reports) if report is not None)
-    message = f"{_describe(callback)} could not make its cross-rank decision. {details}"
-    raise mark_joint(LocalDecisionError(message)) from failure
-
-
-def _raise_missing(ranks: RankGroup, present: bool, callback: Any) -> NoReturn:
-    presence = all_gather_objects(present, ranks)
-    missing = [rank for rank, has in enumerate(presence) if not has]
-    having = [rank for rank, has in enumerate(presence) if has]
-    raise mark_joint(
-        MonitorMissingError(
-            f"{_describe(callback)}: the monitored metric {callback.monitor!r} is missing on rank(s) {missing} but"
-            f" logged on rank(s) {having} (world size {ranks.world_size}). Every rank must log it at the same point:"
-            " do not log it only under `if self.trainer.is_global_zero:` or with `rank_zero_only=True`."
-        )
-    )
-
-
-def _describe(callback: Any) -> str:
-    return f"{type(callback).__name__}(monitor={callback.monitor!r})"
-
-
-def _decide(policy: VotePolicy, tally: VoteTally) -> bool:
-    decision = policy.decide(tally)
-    if not isinstance(decision, bool):
-        raise mark_joint(  # every rank runs the policy on the same tally
-            TypeError(
-                f"{policy!r}.decide({tally}) returned {decision!r} of type {type(decision).__name__}; a decision"
-                " policy must return a bool"
-            )
-        )
-    return decision
-
-
-def _as_vote(decision: Any, source: str) -> bool:
-    if isinstance(decision, bool):
-        return decision
-    if isinstance(decision, Tensor) and decision.numel() == 1:
-        return bool(decision)
-    raise TypeError(f"{source} returned {decision!r} of type {type(decision).__name__}; a decision must be a bool")
 
 
 @contextmanager

@@ -1,7 +1,7 @@
 """One decision's observations packed into one small row of numbers, and the reduced row read back.
 
 Pure functions, no communication. Every rank packs (:func:`pack`) what it observed; the collective reduces the rows
-element by element (``sum`` or ``max``, as the :class:`Layout` says); every rank reads the same reduced row back
+element by element (``sum`` or ``max``, as the :class:`RowLayout` says); every rank reads the same reduced row back
 (:func:`unpack`) into the same :class:`Agreement`. :func:`combine` is that reduction done in one process: the
 definition the collective must match, used by the tests.
 
@@ -16,7 +16,7 @@ The row is kept as short as the policy allows, because a gloo all-reduce gets sl
 Each metric of a checkpoint file-name template adds one element carrying rank 0's value (``extras``).
 
 Example:
-    >>> layout = Layout("mean", world_size=2)
+    >>> layout = RowLayout("mean", world_size=2)
     >>> rows = [pack(layout, Observation(1.0), rank=0), pack(layout, Observation(2.0), rank=1)]
     >>> unpack(layout, combine(layout, rows)).value
     1.5
@@ -29,7 +29,7 @@ import struct
 from dataclasses import dataclass
 from typing import Literal
 
-__all__ = ["Agreement", "Layout", "Observation", "combine", "pack", "unpack"]
+__all__ = ["Agreement", "Observation", "RowLayout", "combine", "pack", "unpack"]
 
 Number = int | float
 Kind = Literal["vote", "mean", "min", "max"]
@@ -88,7 +88,7 @@ class Agreement:
 
 
 @dataclass(frozen=True)
-class Layout:
+class RowLayout:
     """The fixed shape of one decision's row: which policy kind, how many ranks, what it carries.
 
     Args:
@@ -145,12 +145,12 @@ class Layout:
         return -(-_VOTE_DIGITS // self._digits_per_word)
 
 
-def pack(layout: Layout, observation: Observation, *, rank: int) -> list[Number]:
+def pack(layout: RowLayout, observation: Observation, *, rank: int) -> list[Number]:
     """The row this rank contributes to the collective."""
     present = observation.value is not None and not observation.failed
     value = observation.value if present else None
     if len(observation.extras) != layout.extras:
-        raise ValueError(f"Layout carries {layout.extras} extras, observation has {len(observation.extras)}")
+        raise ValueError(f"RowLayout carries {layout.extras} extras, observation has {len(observation.extras)}")
     if layout.kind == "vote":
         return _pack_vote(layout, observation, value, rank)
     if layout.kind == "mean":
@@ -158,13 +158,13 @@ def pack(layout: Layout, observation: Observation, *, rank: int) -> list[Number]
     return _pack_extreme(layout, observation, value, rank)
 
 
-def combine(layout: Layout, rows: list[list[Number]]) -> list[Number]:
+def combine(layout: RowLayout, rows: list[list[Number]]) -> list[Number]:
     """Reduce the rows of all ranks in one process, exactly as the collective does (element-wise sum or max)."""
     reduce = max if layout.op == "max" else sum
     return [reduce(column) for column in zip(*rows, strict=True)]
 
 
-def unpack(layout: Layout, reduced: list[Number]) -> Agreement:
+def unpack(layout: RowLayout, reduced: list[Number]) -> Agreement:
     """Read the reduced row back; every rank gets the same result from the same row."""
     if len(reduced) != layout.size:
         raise ValueError(f"Expected a row of {layout.size} elements, got {len(reduced)}")
@@ -175,7 +175,7 @@ def unpack(layout: Layout, reduced: list[Number]) -> Agreement:
     return _unpack_extreme(layout, reduced)
 
 
-def _pack_vote(layout: Layout, observation: Observation, value: float | None, rank: int) -> list[Number]:
+def _pack_vote(layout: RowLayout, observation: Observation, value: float | None, rank: int) -> list[Number]:
     present = value is not None
     digits = [0] * _VOTE_DIGITS
     digits[_PRESENT] = int(present)
@@ -191,7 +191,7 @@ def _pack_vote(layout: Layout, observation: Observation, value: float | None, ra
     return row
 
 
-def _unpack_vote(layout: Layout, reduced: list[Number]) -> Agreement:
+def _unpack_vote(layout: RowLayout, reduced: list[Number]) -> Agreement:
     words = layout._vote_words
     digits = _words_to_digits(layout, [int(x) for x in reduced[:words]])
     position = words
@@ -211,7 +211,7 @@ def _unpack_vote(layout: Layout, reduced: list[Number]) -> Agreement:
     )
 
 
-def _pack_mean(layout: Layout, observation: Observation, value: float | None, rank: int) -> list[Number]:
+def _pack_mean(layout: RowLayout, observation: Observation, value: float | None, rank: int) -> list[Number]:
     mask = 0
     extras: list[Number] = []
     for position, extra in enumerate(observation.extras):
@@ -223,7 +223,7 @@ def _pack_mean(layout: Layout, observation: Observation, value: float | None, ra
     return [float(head), 0.0 if value is None else value, *extras]
 
 
-def _unpack_mean(layout: Layout, reduced: list[Number]) -> Agreement:
+def _unpack_mean(layout: RowLayout, reduced: list[Number]) -> Agreement:
     base = layout._base
     head = int(reduced[0])
     present, failed, mask = head % base, (head // base) % base, head // (base * base)
@@ -240,7 +240,7 @@ def _unpack_mean(layout: Layout, reduced: list[Number]) -> Agreement:
     )
 
 
-def _pack_extreme(layout: Layout, observation: Observation, value: float | None, rank: int) -> list[Number]:
+def _pack_extreme(layout: RowLayout, observation: Observation, value: float | None, rank: int) -> list[Number]:
     # under max: 4 = some rank failed, 2 = some rank lacks the metric, 1 = some rank's value is not finite
     flags = 4 * int(observation.failed) + 2 * int(value is None) + int(value is not None and not math.isfinite(value))
     key = _INT64_MIN if value is None else _order_key(-value if layout.kind == "min" else value)
@@ -253,7 +253,7 @@ def _pack_extreme(layout: Layout, observation: Observation, value: float | None,
     return [flags, key, *extras]
 
 
-def _unpack_extreme(layout: Layout, reduced: list[Number]) -> Agreement:
+def _unpack_extreme(layout: RowLayout, reduced: list[Number]) -> Agreement:
     flags, key = int(reduced[0]), int(reduced[1])
     some_absent = bool(flags & 2) or flags >= 4
     some_present = key != _INT64_MIN
@@ -296,7 +296,7 @@ def _presence(count: int, world_size: int) -> Literal["all", "none", "mixed"]:
     return "none" if count == 0 else "mixed"
 
 
-def _digits_to_words(layout: Layout, digits: list[int]) -> list[Number]:
+def _digits_to_words(layout: RowLayout, digits: list[int]) -> list[Number]:
     per_word, base = layout._digits_per_word, layout._base
     words: list[Number] = []
     for start in range(0, len(digits), per_word):
@@ -307,7 +307,7 @@ def _digits_to_words(layout: Layout, digits: list[int]) -> list[Number]:
     return words
 
 
-def _words_to_digits(layout: Layout, words: list[int]) -> list[int]:
+def _words_to_digits(layout: RowLayout, words: list[int]) -> list[int]:
     per_word, base = layout._digits_per_word, layout._base
     digits: list[int] = []
     for word in words:

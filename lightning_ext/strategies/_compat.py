@@ -10,13 +10,10 @@ What 2.6 added that lightning-ext writes to, and 2.5 lacks: ``EarlyStopping.stop
 stock Lightning 2.5 does (:func:`record_stop_message`, :func:`record_nonfinite_stop`).
 """
 
-from typing import Any
-
 import lightning
-from lightning.pytorch.callbacks import early_stopping
 from lightning.pytorch.utilities import rank_zero_warn
 
-__all__ = ["VERIFIED", "lightning_version", "record_nonfinite_stop", "record_stop_message", "warn_if_unverified"]
+__all__ = ["VERIFIED", "lightning_version", "warn_if_unverified"]
 
 VERIFIED = ("2.5.6", "2.6.6")
 """The Lightning releases the test suite and the patch series are verified against (one per supported minor line)."""
@@ -48,16 +45,3 @@ def warn_if_unverified() -> None:
         f" 'lightning=={VERIFIED[-1]}'`) if anything misbehaves.",
         category=UserWarning,
     )
-
-
-def record_stop_message(callback: Any, message: str | None) -> None:
-    """Record why ``callback`` stopped the run, where Lightning records it (``stopping_reason_message``, 2.6+)."""
-    if hasattr(callback, "stopping_reason_message"):
-        callback.stopping_reason_message = message
-
-
-def record_nonfinite_stop(callback: Any) -> None:
-    """Record a non-finite metric as the reason ``callback`` stopped, where Lightning records reasons (2.6+)."""
-    reasons = getattr(early_stopping, "EarlyStoppingReason", None)  # new in Lightning 2.6
-    if reasons is not None:
-        callback.stopping_reason = reasons.NON_FINITE_METRIC

@@ -18,7 +18,7 @@ from typing_extensions import override
 
 from lightning_ext import _collective
 from lightning_ext._collective import RankGroup, all_gather_objects
-from lightning_ext._decisions import checkpoint as _decisions
+from lightning_ext._decisions import checkpoint, early_stopping
 from lightning_ext._hang.guard import HangChecks, HangGuard, UnevenMode, validate_options
 from lightning_ext._per_rank import local_values as _local_values
 from lightning_ext._per_rank.logger import RankCSVLogger, loggers_for
@@ -170,15 +170,15 @@ class PolicyStrategyMixin(_Strategy):
 
     def save_topk_with_policy(self, callback: Any, trainer: Any, monitor_candidates: dict[str, Any]) -> bool:
         """The ``ModelCheckpoint`` seam: decide the top-k save under :attr:`checkpoint_policy`."""
-        return _decisions.save_topk_checkpoint(callback, trainer, monitor_candidates)
+        return checkpoint.save_topk_checkpoint(callback, trainer, monitor_candidates)
 
     def prepare_topk_decision(self, callback: Any, trainer: Any, monitor_candidates: dict[str, Any]) -> None:
         """The ``ModelCheckpoint.on_train_batch_end`` seam: decide a due step-based save on every rank, up front."""
-        _decisions.prepare_topk_decision(callback, trainer, monitor_candidates)
+        checkpoint.prepare_topk_decision(callback, trainer, monitor_candidates)
 
     def run_early_stopping_with_policy(self, callback: Any, trainer: Any) -> bool:
         """The ``EarlyStopping`` seam: decide the stop under :attr:`early_stopping_policy`."""
-        return _decisions.run_early_stopping_check(callback, trainer)
+        return early_stopping.run_early_stopping_check(callback, trainer)
 
     def loggers_for_log_metrics(self, trainer: Any, metrics: dict[str, Any]) -> list[Logger]:
         """The logger connector's seam: the loggers one row goes to (with this rank's per-rank logger)."""

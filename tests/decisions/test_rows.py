@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lightning_ext._decisions.rows import Layout, Observation, _order_key, combine, pack, unpack
+from lightning_ext._decisions.rows import Observation, RowLayout, _order_key, combine, pack, unpack
 from tests.helpers.decision_reference import aggregate as reference_aggregate
 
 SPECIAL = [math.inf, -math.inf, math.nan, 0.0, -0.0]
@@ -22,7 +22,7 @@ def same(a: float, b: float) -> bool:
 
 
 @st.composite
-def rounds(draw: st.DrawFn, kind: str) -> tuple[Layout, list[Observation]]:
+def rounds(draw: st.DrawFn, kind: str) -> tuple[RowLayout, list[Observation]]:
     world = draw(st.integers(1, 6))
     n_extras = draw(st.integers(0, 3))
     observations = [
@@ -34,10 +34,10 @@ def rounds(draw: st.DrawFn, kind: str) -> tuple[Layout, list[Observation]]:
         )
         for _ in range(world)
     ]
-    return Layout(kind, world, with_reference=draw(st.booleans()), extras=n_extras), observations  # type: ignore[arg-type]
+    return RowLayout(kind, world, with_reference=draw(st.booleans()), extras=n_extras), observations  # type: ignore[arg-type]
 
 
-def check_common(layout: Layout, observations: list[Observation]) -> None:
+def check_common(layout: RowLayout, observations: list[Observation]) -> None:
     rows = [pack(layout, obs, rank=rank) for rank, obs in enumerate(observations)]
     assert all(len(row) == layout.size for row in rows)
     agreement = unpack(layout, combine(layout, rows))
@@ -71,17 +71,21 @@ def check_common(layout: Layout, observations: list[Observation]) -> None:
 
 
 @given(rounds("vote"))
-def test_vote_row_reads_back_presence_tally_rank_zero_value_and_extras(case: tuple[Layout, list[Observation]]) -> None:
+def test_vote_row_reads_back_presence_tally_rank_zero_value_and_extras(
+    case: tuple[RowLayout, list[Observation]],
+) -> None:
     check_common(*case)
 
 
 @given(rounds("mean"))
-def test_mean_row_reads_back_presence_mean_and_rank_zero_extras(case: tuple[Layout, list[Observation]]) -> None:
+def test_mean_row_reads_back_presence_mean_and_rank_zero_extras(case: tuple[RowLayout, list[Observation]]) -> None:
     check_common(*case)
 
 
 @given(st.sampled_from(["min", "max"]).flatmap(rounds))
-def test_min_max_rows_read_back_presence_extreme_and_rank_zero_extras(case: tuple[Layout, list[Observation]]) -> None:
+def test_min_max_rows_read_back_presence_extreme_and_rank_zero_extras(
+    case: tuple[RowLayout, list[Observation]],
+) -> None:
     check_common(*case)
 
 
@@ -96,7 +100,7 @@ def test_order_key_sorts_like_floats_with_nan_above_everything(a: float, b: floa
 def test_vote_word_spills_into_a_second_word_instead_of_overflowing() -> None:
     # 5 digits of base W+1 must not overflow an int64 word: large worlds spill into a second word
     for world in (1, 2, 4, 8, 4096, 70000, 10**6):
-        layout = Layout("vote", world)
+        layout = RowLayout("vote", world)
         rows = [pack(layout, Observation(1.0, vote=rank % 2 == 0), rank=rank) for rank in range(min(world, 3))]
         rows += [pack(layout, Observation(1.0, vote=True), rank=3)] * (world - len(rows))
         reduced = combine(layout, rows)
@@ -104,25 +108,25 @@ def test_vote_word_spills_into_a_second_word_instead_of_overflowing() -> None:
         agreement = unpack(layout, reduced)
         assert agreement.presence == "all"
         assert agreement.yes == sum(1 for rank in range(min(world, 3)) if rank % 2 == 0) + (world - min(world, 3))
-    assert Layout("vote", 4).size == 1
-    assert Layout("vote", 70000).size == 2
+    assert RowLayout("vote", 4).size == 1
+    assert RowLayout("vote", 70000).size == 2
 
 
 def test_rows_hold_one_or_two_elements_plus_one_per_file_name_metric() -> None:
-    assert Layout("vote", 4, with_reference=False).size == 1
-    assert Layout("vote", 4, with_reference=True).size == 2
-    assert Layout("mean", 4).size == Layout("min", 4).size == Layout("max", 4).size == 2
-    assert Layout("mean", 4, extras=3).size == 5
+    assert RowLayout("vote", 4, with_reference=False).size == 1
+    assert RowLayout("vote", 4, with_reference=True).size == 2
+    assert RowLayout("mean", 4).size == RowLayout("min", 4).size == RowLayout("max", 4).size == 2
+    assert RowLayout("mean", 4, extras=3).size == 5
 
 
 def test_mean_layout_refuses_what_float64_cannot_carry_exactly() -> None:
     with pytest.raises(ValueError, match="file-name metrics exactly"):
-        Layout("mean", 2**20, extras=20)
+        RowLayout("mean", 2**20, extras=20)
 
 
 def test_nan_bits_are_canonical_and_absent_marker_is_distinct() -> None:
     odd_nan = struct.unpack("<d", struct.pack("<q", 0x7FF0000000000123))[0]
-    layout = Layout("vote", 2, with_reference=True, extras=2)
+    layout = RowLayout("vote", 2, with_reference=True, extras=2)
     row = pack(layout, Observation(odd_nan, extras=(odd_nan, None)), rank=0)
     agreement = unpack(layout, combine(layout, [row, pack(layout, Observation(1.0, extras=(1.0, 1.0)), rank=1)]))
     assert math.isnan(agreement.value)
@@ -132,6 +136,6 @@ def test_nan_bits_are_canonical_and_absent_marker_is_distinct() -> None:
 
 def test_observation_or_row_of_the_wrong_length_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match="carries 1 extras"):
-        pack(Layout("vote", 2, extras=1), Observation(1.0), rank=0)
+        pack(RowLayout("vote", 2, extras=1), Observation(1.0), rank=0)
     with pytest.raises(ValueError, match="row of 1 elements"):
-        unpack(Layout("vote", 2), [0, 0])
+        unpack(RowLayout("vote", 2), [0, 0])

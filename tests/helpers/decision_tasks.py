@@ -14,9 +14,9 @@ import torch.distributed as dist
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_ext._collective import RankGroup, all_reduce_row
-from lightning_ext._decisions import checkpoint as decisions
+from lightning_ext._decisions import checkpoint, early_stopping
 from lightning_ext._decisions.local_top_k import LocalTopK
-from lightning_ext._decisions.rows import Layout, Observation, pack, unpack
+from lightning_ext._decisions.rows import Observation, RowLayout, pack, unpack
 from lightning_ext.policies import DecisionPolicy, Quorum, VotePolicy, VoteTally, resolve_policy
 from tests.helpers import stand_ins as _stand_ins
 from tests.helpers.stand_ins import (
@@ -67,8 +67,8 @@ def rank_group() -> RankGroup:
 def exchange(kind: str, with_reference: bool, n_extras: int, observation: Observation) -> tuple[list[Any], Any]:
     """One packed all-reduce; returns the reduced row (to compare bit for bit across ranks) and the agreement."""
     ranks = rank_group()
-    layout = Layout(kind, ranks.world_size, with_reference=with_reference, extras=n_extras)  # type: ignore[arg-type]
-    reduced = all_reduce_row(pack(layout, observation, rank=ranks.rank), layout, ranks)
+    layout = RowLayout(kind, ranks.world_size, with_reference=with_reference, extras=n_extras)  # type: ignore[arg-type]
+    reduced = all_reduce_row(pack(layout, observation, rank=ranks.rank), ranks, op=layout.op, dtype=layout.dtype)
     return reduced, unpack(layout, reduced)
 
 
@@ -98,7 +98,7 @@ def top_k_sequence(
     states = []
     for epoch, (value, acc) in enumerate(zip(values, accs)):
         trainer.global_step = 10 * epoch
-        handled = decisions.save_topk_checkpoint(callback, trainer, candidates(epoch, value, acc))
+        handled = checkpoint.save_topk_checkpoint(callback, trainer, candidates(epoch, value, acc))
         state = checkpoint_state(callback, trainer, vote=isinstance(strategy.checkpoint_policy, VotePolicy))
         state["handled"] = handled
         states.append(state)
@@ -125,7 +125,7 @@ def early_stop_round(
     callback.wait_count = wait_count
     if value is not None:
         trainer.callback_metrics = {"val_loss": torch.tensor(value, dtype=torch.float32)}
-    handled = decisions.run_early_stopping_check(callback, trainer)
+    handled = early_stopping.run_early_stopping_check(callback, trainer)
     return {
         "handled": handled,
         "should_stop": trainer.should_stop,

@@ -1,0 +1,89 @@
+"""One decision's exchange (one all-reduce of one packed row), and the errors every rank raises together."""
+
+import functools
+from typing import Any, NoReturn
+
+from torch import Tensor
+
+from lightning_ext._collective import RankGroup, all_gather_objects, all_reduce_row
+from lightning_ext._decisions.rows import Agreement, Observation, RowLayout, pack, unpack
+from lightning_ext.errors import LocalDecisionError, MonitorMissingError, mark_joint
+from lightning_ext.policies import AggregatePolicy, DecisionPolicy, VotePolicy, VoteTally
+
+__all__ = ["agree", "as_vote", "decide", "layout_kind", "row_layout"]
+
+
+@functools.lru_cache(maxsize=256)
+def row_layout(kind: Any, world_size: int, with_reference: bool, extras: int) -> RowLayout:
+    """A decision's row layout (cached: a run uses a handful, and each is validated once)."""
+    return RowLayout(kind, world_size, with_reference=with_reference, extras=extras)
+
+
+def layout_kind(policy: DecisionPolicy) -> Any:
+    """The row layout's kind for ``policy``: its reduction (aggregate policies) or ``"vote"``."""
+    if isinstance(policy, AggregatePolicy):
+        return policy.reduction
+    if isinstance(policy, VotePolicy):
+        return "vote"
+    raise TypeError(f"{policy!r} is neither a VotePolicy nor an AggregatePolicy")
+
+
+def agree(
+    ranks: RankGroup, layout: RowLayout, observation: Observation, failure: BaseException | None, callback: Any
+) -> Agreement:
+    """The one exchange of a decision, and the errors every rank raises together."""
+    agreement = unpack(
+        layout, all_reduce_row(pack(layout, observation, rank=ranks.rank), ranks, op=layout.op, dtype=layout.dtype)
+    )
+    if agreement.failed:
+        _raise_failure(ranks, failure, callback)
+    if agreement.presence == "mixed":
+        _raise_missing(ranks, observation.value is not None, callback)
+    return agreement
+
+
+def _raise_failure(ranks: RankGroup, failure: BaseException | None, callback: Any) -> NoReturn:
+    local = None if failure is None else f"{type(failure).__name__}: {failure}"
+    reports = all_gather_objects(local, ranks)
+    details = "; ".join(f"rank {rank}: {report}" for rank, report in enumerate(reports) if report is not None)
+    message = f"{_describe(callback)} could not make its cross-rank decision. {details}"
+    raise mark_joint(LocalDecisionError(message)) from failure
+
+
+def _raise_missing(ranks: RankGroup, present: bool, callback: Any) -> NoReturn:
+    presence = all_gather_objects(present, ranks)
+    missing = [rank for rank, has in enumerate(presence) if not has]
+    having = [rank for rank, has in enumerate(presence) if has]
+    raise mark_joint(
+        MonitorMissingError(
+            f"{_describe(callback)}: the monitored metric {callback.monitor!r} is missing on rank(s) {missing} but"
+            f" logged on rank(s) {having} (world size {ranks.world_size}). Every rank must log it at the same point:"
+            " do not log it only under `if self.trainer.is_global_zero:` or with `rank_zero_only=True`."
+        )
+    )
+
+
+def _describe(callback: Any) -> str:
+    return f"{type(callback).__name__}(monitor={callback.monitor!r})"
+
+
+def decide(policy: VotePolicy, tally: VoteTally) -> bool:
+    """``policy.decide(tally)``, which must be a bool (every rank runs it on the same tally, so every rank raises)."""
+    decision = policy.decide(tally)
+    if not isinstance(decision, bool):
+        raise mark_joint(  # every rank runs the policy on the same tally
+            TypeError(
+                f"{policy!r}.decide({tally}) returned {decision!r} of type {type(decision).__name__}; a decision"
+                " policy must return a bool"
+            )
+        )
+    return decision
+
+
+def as_vote(decision: Any, source: str) -> bool:
+    """A rank's own decision as a bool (a one-element tensor counts); ``TypeError`` naming ``source`` otherwise."""
+    if isinstance(decision, bool):
+        return decision
+    if isinstance(decision, Tensor) and decision.numel() == 1:
+        return bool(decision)
+    raise TypeError(f"{source} returned {decision!r} of type {type(decision).__name__}; a decision must be a bool")

@@ -1,0 +1,126 @@
+"""The cross-rank decision of ``EarlyStopping``: stop every rank, or none."""
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from lightning.pytorch.callbacks import EarlyStopping, early_stopping
+from torch import Tensor
+
+from lightning_ext._collective import RankGroup
+from lightning_ext._decisions.agreement import agree, as_vote, decide, layout_kind, row_layout
+from lightning_ext._decisions.rows import Observation
+from lightning_ext.policies import DecisionPolicy, VotePolicy, VoteTally
+
+__all__ = [
+    "StopDecision",
+    "decide_early_stop",
+    "record_nonfinite_stop",
+    "record_stop_message",
+    "run_early_stopping_check",
+]
+
+
+@dataclass(frozen=True)
+class StopDecision:
+    """The agreed outcome of one early-stopping check.
+
+    Attributes:
+        stop: whether every rank stops.
+        reason: the message explaining this rank's outcome, if any.
+
+    """
+
+    stop: bool
+    reason: str | None
+
+
+def run_early_stopping_check(callback: EarlyStopping, trainer: Any) -> bool:
+    """``EarlyStopping._run_early_stopping_check`` under ``trainer.strategy.early_stopping_policy``.
+
+    Returns:
+        ``True`` if it handled the call; ``False`` if the stock method must run instead (``fast_dev_run``, or the
+        metric is missing on every rank: the stock error or warning, with no collective).
+
+    """
+    if trainer.fast_dev_run:
+        return False
+    logs = trainer.callback_metrics
+    policy: DecisionPolicy = trainer.strategy.early_stopping_policy
+    decision = decide_early_stop(RankGroup.from_strategy(trainer.strategy), policy, callback, logs)
+    if decision is None:
+        return False
+    trainer.should_stop = trainer.should_stop or decision.stop
+    if decision.stop:
+        callback.stopped_epoch = trainer.current_epoch
+        record_stop_message(callback, decision.reason)
+    if decision.reason and callback.verbose:
+        callback._log_info(trainer, decision.reason, callback.log_rank_zero_only)
+    return True
+
+
+def decide_early_stop(
+    ranks: RankGroup, policy: DecisionPolicy, callback: EarlyStopping, logs: dict[str, Tensor]
+) -> StopDecision | None:
+    """Agree whether to stop; updates the callback's own state; ``None`` if the metric is missing on every rank.
+
+    Raises:
+        MonitorMissingError: on every rank, if the metric is missing on some ranks only.
+        LocalDecisionError: on every rank, if some rank could not make its local decision.
+
+    """
+    current = logs.get(callback.monitor)
+    failure: BaseException | None = None
+    value: float | None = None
+    vote = False
+    reason: str | None = None
+    try:
+        if current is not None:
+            current = current.squeeze()
+            value = float(current)
+            if isinstance(policy, VotePolicy):
+                should_stop, reason = callback._evaluate_stopping_criteria(current)
+                vote = as_vote(should_stop, f"{type(callback).__name__}._evaluate_stopping_criteria")
+    except Exception as exc:  # reported on every rank after the exchange
+        failure = exc
+
+    layout = row_layout(layout_kind(policy), ranks.world_size, False, 0)
+    agreement = agree(ranks, layout, Observation(value, vote, (), failure is not None), failure, callback)
+    if agreement.presence == "none":
+        return None
+    assert current is not None
+    nonfinite_stop = callback.check_finite and agreement.nonfinite
+    nonfinite_reason = (
+        f"Monitored metric {callback.monitor} is not finite on at least one rank. Signaling every rank to stop."
+    )
+
+    if isinstance(policy, VotePolicy):
+        tally = VoteTally(agreement.yes, ranks.world_size, agreement.rank_zero_vote)
+        stop = decide(policy, tally)
+        if stop and not vote:
+            reason = f"{tally.yes} of {tally.world_size} rank(s) asked to stop; policy {policy!r} stops every rank."
+        if nonfinite_stop and not stop:  # overrides any policy, on every rank alike
+            stop = True
+            reason = reason if vote else nonfinite_reason  # the non-finite rank keeps its own stock message
+        return StopDecision(stop=stop, reason=reason)
+
+    agreed = torch.tensor(agreement.value, dtype=current.dtype, device=current.device)
+    should_stop, reason = callback._evaluate_stopping_criteria(agreed)
+    stop = as_vote(should_stop, f"{type(callback).__name__}._evaluate_stopping_criteria")
+    if nonfinite_stop and not stop:
+        record_nonfinite_stop(callback)
+        stop, reason = True, nonfinite_reason
+    return StopDecision(stop=stop, reason=reason)
+
+
+def record_stop_message(callback: Any, message: str | None) -> None:
+    """Record why ``callback`` stopped the run, where Lightning records it (``stopping_reason_message``, 2.6+)."""
+    if hasattr(callback, "stopping_reason_message"):
+        callback.stopping_reason_message = message
+
+
+def record_nonfinite_stop(callback: Any) -> None:
+    """Record a non-finite metric as the reason ``callback`` stopped, where Lightning records reasons (2.6+)."""
+    reasons = getattr(early_stopping, "EarlyStoppingReason", None)  # new in Lightning 2.6
+    if reasons is not None:
+        callback.stopping_reason = reasons.NON_FINITE_METRIC
