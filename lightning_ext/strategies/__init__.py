@@ -16,9 +16,9 @@ __all__ = [
 # nor torch. A name loads its module on first use.
 _EXPORTS = {
     "PolicyDDPStrategy": "lightning_ext.strategies.ddp",
-    "PolicyDeepSpeedStrategy": "lightning_ext.strategies.ddp",
-    "PolicyFSDPStrategy": "lightning_ext.strategies.ddp",
-    "PolicyModelParallelStrategy": "lightning_ext.strategies.ddp",
+    "PolicyDeepSpeedStrategy": "lightning_ext.strategies.deepspeed",
+    "PolicyFSDPStrategy": "lightning_ext.strategies.fsdp",
+    "PolicyModelParallelStrategy": "lightning_ext.strategies.model_parallel",
     "PolicyStrategyMixin": "lightning_ext.strategies.mixin",
 }
 
@@ -26,20 +26,21 @@ if importlib.util.find_spec("deepspeed") is None:  # the name raises an ImportEr
     __all__ = [name for name in __all__ if name != "PolicyDeepSpeedStrategy"]
 
 if TYPE_CHECKING:
-    from lightning_ext.strategies.ddp import (
-        PolicyDDPStrategy,
-        PolicyDeepSpeedStrategy,
-        PolicyFSDPStrategy,
-        PolicyModelParallelStrategy,
-    )
+    from lightning_ext.strategies.ddp import PolicyDDPStrategy
+    from lightning_ext.strategies.deepspeed import PolicyDeepSpeedStrategy
+    from lightning_ext.strategies.fsdp import PolicyFSDPStrategy
     from lightning_ext.strategies.mixin import PolicyStrategyMixin
+    from lightning_ext.strategies.model_parallel import PolicyModelParallelStrategy
 
 
 def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+    loaded = importlib.import_module(module)
+    if name == "PolicyDeepSpeedStrategy":  # importable only where DeepSpeed is installed
+        loaded.require_deepspeed()
+    return getattr(loaded, name)
 
 
 def __dir__() -> list[str]:

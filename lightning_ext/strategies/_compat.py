@@ -10,10 +10,20 @@ What 2.6 added that lightning-ext writes to, and 2.5 lacks: ``EarlyStopping.stop
 stock Lightning 2.5 does (:func:`record_stop_message`, :func:`record_nonfinite_stop`).
 """
 
+import inspect
+from collections.abc import Iterable
+
 import lightning
+from lightning.pytorch import Trainer
+from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+from lightning.pytorch.loops.evaluation_loop import _EvaluationLoop
+from lightning.pytorch.loops.fetchers import _PrefetchDataFetcher
+from lightning.pytorch.loops.fit_loop import _FitLoop
+from lightning.pytorch.trainer.connectors.logger_connector.logger_connector import _LoggerConnector
+from lightning.pytorch.trainer.connectors.logger_connector.result import _ResultCollection, _ResultMetric
 from lightning.pytorch.utilities import rank_zero_warn
 
-__all__ = ["VERIFIED", "lightning_version", "warn_if_unverified"]
+__all__ = ["CALLED", "SIGNATURES", "VERIFIED", "check_signatures", "lightning_version", "warn_if_unverified"]
 
 VERIFIED = ("2.5.6", "2.6.6")
 """The Lightning releases the test suite and the patch series are verified against (one per supported minor line)."""
@@ -45,3 +55,73 @@ def warn_if_unverified() -> None:
         f" 'lightning=={VERIFIED[-1]}'`) if anything misbehaves.",
         category=UserWarning,
     )
+
+
+SIGNATURES: dict[tuple[type, str], tuple[tuple[str, ...], ...]] = {
+    # wrapped at run time (lightning_ext.strategies._runtime)
+    (ModelCheckpoint, "_save_topk_checkpoint"): (("self", "trainer", "monitor_candidates"),),
+    (ModelCheckpoint, "on_train_batch_end"): (("self", "trainer", "pl_module", "outputs", "batch", "batch_idx"),),
+    (EarlyStopping, "_run_early_stopping_check"): (("self", "trainer"),),
+    (_LoggerConnector, "log_metrics"): (("self", "metrics", "step"),),
+    (_ResultMetric, "forward"): (("self", "value", "batch_size"),),
+    (_ResultMetric, "compute"): (("self",),),
+    (_LoggerConnector, "on_batch_start"): (("self", "batch", "dataloader_idx"),),
+    (_ResultCollection, "metrics"): (("self", "on_step"),),
+    (_FitLoop, "setup_data"): (("self",),),
+    (_EvaluationLoop, "setup_data"): (("self",),),
+    (_EvaluationLoop, "max_batches"): (("self",),),  # a property: its getter
+    (_PrefetchDataFetcher, "__next__"): (("self",),),
+    (Trainer, "_run"): (("self", "model", "ckpt_path"), ("self", "model", "ckpt_path", "weights_only")),  # 2.5, 2.6
+    # called (lightning_ext._decisions.checkpoint, lightning_ext._per_rank.local_values), on a patched Lightning too
+    (ModelCheckpoint, "_monitor_candidates"): (("self", "trainer"),),
+    (ModelCheckpoint, "check_monitor_top_k"): (("self", "trainer", "current"),),
+    (ModelCheckpoint, "_update_best_and_save"): (("self", "current", "trainer", "monitor_candidates"),),
+    (EarlyStopping, "_evaluate_stopping_criteria"): (("self", "current"),),
+    (EarlyStopping, "_log_info"): (("trainer", "message", "log_rank_zero_only"),),  # a staticmethod
+    (_ResultCollection, "_forked_name"): (("self", "result_metric", "on_step"),),
+}
+"""``(class, method name)`` → the parameter names it may have, one tuple per verified form."""
+
+CALLED: tuple[tuple[type, str], ...] = tuple(list(SIGNATURES)[-6:])
+"""The methods lightning-ext calls without wrapping them: checked whether or not Lightning is patched."""
+
+
+def check_signatures(methods: Iterable[tuple[type, str]]) -> None:
+    """Raise if one of ``methods`` has other parameters than :data:`SIGNATURES` records.
+
+    Example:
+        >>> check_signatures([(EarlyStopping, "_run_early_stopping_check")])  # as on every verified Lightning
+
+    Raises:
+        RuntimeError: naming the method, the expected and the found parameters, and the Lightning version.
+
+    """
+    for owner, name in methods:
+        accepted = SIGNATURES[(owner, name)]
+        found = _parameters(owner, name)
+        if found in accepted:
+            continue
+        version = lightning_version()
+        raise RuntimeError(
+            f"lightning-ext cannot use {owner.__module__}.{owner.__qualname__}.{name} of Lightning {version}: it"
+            f" expects the parameters {' or '.join(_format(names) for names in accepted)}, found"
+            f" {'no such method' if found is None else _format(found)}. lightning-ext is verified with Lightning"
+            f" {' and '.join(VERIFIED)}: install one of them (e.g. `pip install"
+            f" 'lightning=={VERIFIED[-1]}'`), or a lightning-ext release that supports Lightning {version}."
+        )
+
+
+def _parameters(owner: type, name: str) -> tuple[str, ...] | None:
+    """The parameter names of ``owner.name`` (a property's getter), or ``None`` if there is no such callable."""
+    attribute = inspect.getattr_static(owner, name, None)
+    function = attribute.fget if isinstance(attribute, property) else getattr(owner, name, None)
+    if not callable(function):
+        return None
+    try:
+        return tuple(inspect.signature(function).parameters)
+    except (TypeError, ValueError):  # a builtin without a readable signature
+        return ("...",)
+
+
+def _format(names: tuple[str, ...]) -> str:
+    return f"({', '.join(names)})"

@@ -46,7 +46,6 @@ from lightning.pytorch.trainer.connectors.logger_connector.result import _Result
 from lightning_ext._hang import hooks as _hang_hooks
 from lightning_ext._per_rank import local_values as _local_values
 from lightning_ext.strategies import _compat
-from lightning_ext.strategies._signatures import CALLED, check_signatures
 
 __all__ = ["install", "patch_mode", "runtime_patching_enabled", "seams_available"]
 
@@ -98,8 +97,8 @@ def install() -> None:
             setattr(module, _HOOKS, _hang_hooks)
     pending = [seam for seam in _all_seams() if not _is_native(seam) and not _is_wrapped(seam)]
     if runtime_patching_enabled():
-        check_signatures([(owner, name) for owner, name, _ in pending])
-    check_signatures(CALLED)
+        _compat.check_signatures([(owner, name) for owner, name, _ in pending])
+    _compat.check_signatures(_compat.CALLED)
     if not runtime_patching_enabled():
         return
     for owner, name, make in pending:

@@ -17,14 +17,14 @@ from lightning.fabric.strategies.registry import _StrategyRegistry
 from lightning.fabric.utilities.types import _PATH
 from lightning.pytorch.accelerators import Accelerator
 from lightning.pytorch.plugins.precision import Precision
-from lightning.pytorch.strategies import DeepSpeedStrategy
+from lightning.pytorch.strategies import DeepSpeedStrategy, StrategyRegistry
 from torch.distributed.constants import default_pg_timeout
 from typing_extensions import override
 
 from lightning_ext._hang.guard import HangChecks, UnevenMode
 from lightning_ext.policies import PolicyLike
 from lightning_ext.rank_metrics import PerRankMetrics
-from lightning_ext.strategies._names import register_policy_names
+from lightning_ext.strategies._registry import register_policy_names
 from lightning_ext.strategies.mixin import PolicyStrategyMixin
 
 __all__ = ["PolicyDeepSpeedStrategy", "require_deepspeed"]
@@ -174,3 +174,6 @@ class PolicyDeepSpeedStrategy(PolicyStrategyMixin, DeepSpeedStrategy):
 
         """
         register_policy_names(strategy_registry, cls, "deepspeed", "DeepSpeed (ZeRO stage 2)")
+
+
+PolicyDeepSpeedStrategy.register_strategies(StrategyRegistry)
