@@ -11,12 +11,12 @@ read it as a row of missing cells). So both engines return the same arrays and r
 time differs. Only the columns asked for are converted, and only their cells are checked to be numbers.
 
 Example:
-    >>> layout = split_file(b"loss,step\\r\\n0.5,0\\r\\n,1\\r\\n", "f.csv")
-    >>> layout.header, layout.first_line
+    >>> split = split_file(b"loss,step\\r\\n0.5,0\\r\\n,1\\r\\n", "f.csv")
+    >>> split.header, split.first_line
     (['loss', 'step'], 2)
-    >>> [column.tolist() for column in parse(layout, ["step", "loss"], "pandas")]
+    >>> [column.tolist() for column in parse(split, ["step", "loss"], "pandas")]
     [[0, 1], [0.5, nan]]
-    >>> [column.tolist() for column in parse_exact(layout, ["step", "loss"])]
+    >>> [column.tolist() for column in parse_exact(split, ["step", "loss"])]
     [[0, 1], [0.5, nan]]
 
 """
@@ -34,7 +34,16 @@ from numpy.typing import NDArray
 
 from lightning_ext._per_rank.csv_format import EPOCH, NA_CELLS, STEP, decode, parse_body, split_header
 
-__all__ = ["BLOCK_BYTES", "ENGINES", "Layout", "default_engine", "parse", "parse_exact", "parse_pieces", "split_file"]
+__all__ = [
+    "BLOCK_BYTES",
+    "ENGINES",
+    "SplitFile",
+    "default_engine",
+    "parse",
+    "parse_exact",
+    "parse_pieces",
+    "split_file",
+]
 
 ENGINES = ("pyarrow", "pandas")
 BLOCK_BYTES = 1 << 18  # pyarrow parses blocks of this size in parallel, so one file keeps every core busy
@@ -45,7 +54,7 @@ class _Unusual(Exception):
 
 
 @dataclass(frozen=True)
-class Layout:
+class SplitFile:
     """One file's (or part's) bytes, split: its header, and where its complete data lines are."""
 
     where: str
@@ -71,7 +80,7 @@ def default_engine() -> str:
     return "pyarrow" if found else "pandas"
 
 
-def split_file(data: bytes, where: str) -> Layout:
+def split_file(data: bytes, where: str) -> SplitFile:
     """Split ``data`` into header and complete data lines (a last line without its line end is left out).
 
     Raises:
@@ -85,37 +94,37 @@ def split_file(data: bytes, where: str) -> Layout:
         # a header that spans lines, or is cut short: decode the whole text (rare)
         header, body, first_line = split_header(decode(data[:complete], where), where)
         encoded = body.encode("utf-8")
-        return Layout(where, header, encoded, 0, len(encoded), first_line)
+        return SplitFile(where, header, encoded, 0, len(encoded), first_line)
     header, _, _ = split_header(decode(line, where), where)
-    return Layout(where, header, data, end, complete, 2)
+    return SplitFile(where, header, data, end, complete, 2)
 
 
-def parse(layout: Layout, columns: Sequence[str], engine: str) -> list[NDArray[Any]]:
+def parse(split: SplitFile, columns: Sequence[str], engine: str) -> list[NDArray[Any]]:
     """The values of ``columns`` (``step`` first): the fast path where it applies, else :func:`parse_exact`."""
     return [
-        pieces[0] if len(pieces) == 1 else np.concatenate(pieces) for pieces in parse_pieces(layout, columns, engine)
+        pieces[0] if len(pieces) == 1 else np.concatenate(pieces) for pieces in parse_pieces(split, columns, engine)
     ]
 
 
-def parse_pieces(layout: Layout, columns: Sequence[str], engine: str) -> list[list[NDArray[Any]]]:
+def parse_pieces(split: SplitFile, columns: Sequence[str], engine: str) -> list[list[NDArray[Any]]]:
     """:func:`parse`, each column in the pieces the engine made (pyarrow: one per block; no copy to join them)."""
-    if layout.start == layout.end:
+    if split.start == split.end:
         return [[np.empty(0, dtype=np.int64 if name == STEP else np.float64)] for name in columns]
-    if layout.data.find(b'"', layout.start, layout.end) < 0:
+    if split.data.find(b'"', split.start, split.end) < 0:
         try:
-            return _pyarrow(layout, columns) if engine == "pyarrow" else [[c] for c in _pandas(layout, columns)]
+            return _pyarrow(split, columns) if engine == "pyarrow" else [[c] for c in _pandas(split, columns)]
         except _Unusual:
             pass
-    return [[array] for array in parse_exact(layout, columns)]
+    return [[array] for array in parse_exact(split, columns)]
 
 
-def parse_exact(layout: Layout, columns: Sequence[str]) -> list[NDArray[Any]]:
+def parse_exact(split: SplitFile, columns: Sequence[str]) -> list[NDArray[Any]]:
     """The values of ``columns``, row by row checked (the reference; raises ``RankMetricsError``).
 
     ``step`` is int64 where every cell reads as one, else float64 (the caller's check then names the cell).
     """
-    body = decode(bytes(layout.body), layout.where, layout.first_line)
-    table = parse_body(body, layout.header, layout.where, layout.first_line, columns, integer=STEP)
+    body = decode(bytes(split.body), split.where, split.first_line)
+    table = parse_body(body, split.header, split.where, split.first_line, columns, integer=STEP)
     return [table[name].to_numpy() for name in columns]
 
 
@@ -123,14 +132,14 @@ def _types(columns: Sequence[str], integers: Sequence[str]) -> dict[str, str]:
     return {name: "int64" if name in integers else "float64" for name in columns}
 
 
-def _pyarrow(layout: Layout, columns: Sequence[str]) -> list[list[NDArray[Any]]]:
+def _pyarrow(split: SplitFile, columns: Sequence[str]) -> list[list[NDArray[Any]]]:
     import pyarrow as pa
     import pyarrow.csv as pa_csv
 
     try:
         table = pa_csv.read_csv(
-            pa.py_buffer(layout.body),
-            read_options=pa_csv.ReadOptions(column_names=layout.header, block_size=BLOCK_BYTES),
+            pa.py_buffer(split.body),
+            read_options=pa_csv.ReadOptions(column_names=split.header, block_size=BLOCK_BYTES),
             # no quote in these bytes (checked): the tokenizer need not look for one
             parse_options=pa_csv.ParseOptions(ignore_empty_lines=False, quote_char=False),
             convert_options=pa_csv.ConvertOptions(
@@ -157,9 +166,9 @@ def _pyarrow(layout: Layout, columns: Sequence[str]) -> list[list[NDArray[Any]]]
     return values
 
 
-def _pandas(layout: Layout, columns: Sequence[str]) -> list[NDArray[Any]]:
-    body = bytes(layout.body)
-    header = layout.header
+def _pandas(split: SplitFile, columns: Sequence[str]) -> list[NDArray[Any]]:
+    body = bytes(split.body)
+    header = split.header
     try:
         # no names and no usecols: then the C parser refuses a row longer than the first (it would cut it silently)
         table = pd.read_csv(

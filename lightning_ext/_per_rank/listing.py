@@ -11,10 +11,11 @@ import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from fsspec import AbstractFileSystem
 
-from lightning_ext._per_rank.markers import SUFFIX
+from lightning_ext._per_rank.markers import SUFFIX, parse_marker
 from lightning_ext._per_rank.storage import glob_escape, split_location
 
 __all__ = ["RankFiles", "list_rank_files"]
@@ -38,6 +39,13 @@ class RankFiles:
     def ranks(self) -> list[int]:
         """Every rank with a file or parts (not those with a marker only)."""
         return sorted(self.files.keys() | self.parts.keys())
+
+    def read_markers(self) -> list[tuple[int, tuple[dict[str, Any], str]]]:
+        """Each marked rank, in order, with its marker's record and path (``.incomplete`` files; see markers.py)."""
+        return [
+            (rank, (parse_marker(self.fs.cat_file(path), self.shown(path)), path))
+            for rank, path in sorted(self.markers.items())
+        ]
 
 
 def list_rank_files(log_dir: str, filename: str) -> RankFiles:

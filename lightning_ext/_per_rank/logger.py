@@ -31,10 +31,10 @@ from typing_extensions import override
 
 from lightning_ext._per_rank import local_values as _local_values
 from lightning_ext._per_rank.local_values import OMITTED, local_values_for
-from lightning_ext._per_rank.markers import SUFFIX, encode_marker, read_markers, remove_markers, write_marker
+from lightning_ext._per_rank.markers import SUFFIX, encode_marker, read_rank_marker, remove_markers, write_marker
 from lightning_ext._per_rank.storage import join, write_whole
+from lightning_ext._per_rank.writer import PerRankMetrics, RankMetricsWriter
 from lightning_ext.errors import RankMetricsWarning
-from lightning_ext.rank_metrics import PerRankMetrics, RankMetricsWriter
 
 __all__ = ["RankCSVLogger", "loggers_for"]
 
@@ -114,7 +114,7 @@ class RankCSVLogger(Logger):
             resume = self.resume_from_step
             if resume is None and self._path in _WRITTEN_HERE:
                 resume = sys.maxsize  # keep every row
-            marker = read_markers(self._log_dir, self._options.filename, self._rank)
+            marker = read_rank_marker(self._log_dir, self._options.filename, self._rank)
             writer = RankMetricsWriter(
                 self._path, flush_every_n_rows=self._options.flush_every_n_rows, resume_from_step=resume
             )

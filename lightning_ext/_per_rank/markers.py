@@ -31,7 +31,7 @@ __all__ = [
     "encode_marker",
     "marker_locations",
     "parse_marker",
-    "read_markers",
+    "read_rank_marker",
     "remove_markers",
     "write_marker",
 ]
@@ -74,7 +74,7 @@ def write_marker(
     raise failure
 
 
-def read_markers(log_dir: str, filename: str, rank: int) -> dict[str, Any] | None:
+def read_rank_marker(log_dir: str, filename: str, rank: int) -> dict[str, Any] | None:
     """The marker of ``rank``'s file, if there is one (beside the file first, then the fallback)."""
     for location in dict.fromkeys(marker_locations(log_dir, filename, rank)):
         fs, path, _ = split_location(location)

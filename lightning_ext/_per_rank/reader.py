@@ -26,14 +26,14 @@ from lightning_ext._per_rank.csv_format import (
     check_template,
     whole_numbers,
 )
-from lightning_ext._per_rank.fast_csv import ENGINES, Layout, default_engine, parse_exact, parse_pieces, split_file
+from lightning_ext._per_rank.fast_csv import ENGINES, SplitFile, default_engine, parse_exact, parse_pieces, split_file
 from lightning_ext._per_rank.listing import RankFiles, list_rank_files
-from lightning_ext._per_rank.markers import describe, parse_marker
+from lightning_ext._per_rank.markers import describe
 from lightning_ext._per_rank.parted_file import read_chunks
 from lightning_ext._per_rank.run_check import RankInfo, check_one_run, check_rotations, rank_ranges
 from lightning_ext.errors import RankMetricsError
 
-__all__ = ["ReadReport", "Request", "read_markers", "read_table"]
+__all__ = ["ReadReport", "Request", "read_table"]
 
 
 @dataclass(frozen=True)
@@ -101,7 +101,7 @@ def read_table(log_dir: str, filename: str, request: "Request", report: ReadRepo
     check_template(filename)
     engine = _checked_engine(request.engine)
     found = list_rank_files(log_dir, filename)
-    for rank, (record, path) in read_markers(found):
+    for rank, (record, path) in found.read_markers():
         report.incomplete[rank] = describe(record)
         where = found.shown(found.files[rank]) if rank in found.files else record.get("file", found.shown(path))
         note = f"rank {rank}: {where} is incomplete: {describe(record)} (marker: {found.shown(path)})"
@@ -141,14 +141,6 @@ def read_table(log_dir: str, filename: str, request: "Request", report: ReadRepo
             raise ValueError(f"Unknown metric(s) {', '.join(map(repr, unknown))}; the metrics are: {listed}")
         metrics = sorted(request.metrics)
     return reader.columns.frame(metrics)
-
-
-def read_markers(found: RankFiles) -> list[tuple[int, tuple[dict[str, Any], str]]]:
-    """Each marked rank, in order, with its marker's record and path (see :mod:`lightning_ext._per_rank.markers`)."""
-    return [
-        (rank, (parse_marker(found.fs.cat_file(path), found.shown(path)), path))
-        for rank, path in sorted(found.markers.items())
-    ]
 
 
 def _checked_engine(engine: str | None) -> str:
@@ -194,27 +186,27 @@ class _Reader:
             note = f"{where}, line {line}: ignored an incomplete last line (a write cut short)"
             self._report.notes.append(("torn", note))
         try:
-            layout = split_file(data, where)
-            if not layout.header:
+            split = split_file(data, where)
+            if not split.header:
                 return
-            check_header(layout.header, where)
-            self.headers.setdefault(rank, []).append(layout.header)
-            columns = self._columns(layout.header)
+            check_header(split.header, where)
+            self.headers.setdefault(rank, []).append(split.header)
+            columns = self._columns(split.header)
             try:
-                values = parse_pieces(layout, columns, self._engine)
-                _check_whole(layout, columns, values)
+                values = parse_pieces(split, columns, self._engine)
+                _check_whole(split, columns, values)
             except RankMetricsError:
                 # the exact path names the problem as the row-by-row checks see it (a blank line is a row without
                 # fields there, a missing step to the engines)
-                values = [[array] for array in parse_exact(layout, columns)]
-                _check_whole(layout, columns, values)
+                values = [[array] for array in parse_exact(split, columns)]
+                _check_whole(split, columns, values)
         except RankMetricsError as error:
             self.bad(rank, error, str(error))
             return
         rows = sum(len(piece) for piece in values[0])
         if self.columns.capacity == 0 and rows:
             # the first rows tell how many bytes a row takes: room for every file's rows, give or take
-            self.columns.reserve(int(self._expected_bytes / ((layout.end - layout.start) / rows) * 1.05) + 16)
+            self.columns.reserve(int(self._expected_bytes / ((split.end - split.start) / rows) * 1.05) + 16)
         self._write(rank, dict(zip(columns, values, strict=True)))
 
     def bad(self, rank: int, error: Exception, message: str) -> None:
@@ -251,13 +243,13 @@ class _Reader:
         self.columns.append(rank, values)
 
 
-def _check_whole(layout: Layout, columns: Sequence[str], values: list[list[NDArray[Any]]]) -> None:
+def _check_whole(split: SplitFile, columns: Sequence[str], values: list[list[NDArray[Any]]]) -> None:
     """``step`` and ``epoch`` cells that the engine read as floats must be whole (``epoch`` may be missing)."""
     for name, pieces in zip(columns, values, strict=True):
-        line = layout.first_line
+        line = split.first_line
         for piece in pieces:
             if name in (STEP, EPOCH) and piece.dtype.kind == "f":
-                whole_numbers(piece, name, layout.where, line, allow_missing=name == EPOCH)
+                whole_numbers(piece, name, split.where, line, allow_missing=name == EPOCH)
             line += len(piece)
 
 
