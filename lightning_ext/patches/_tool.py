@@ -145,10 +145,11 @@ def target_version(target: Path) -> str | None:
 
 
 def find_series(target: Path, *, root: Path | None = None) -> Path:
-    """``<root>/lightning-<target's version>``; ``root`` is ``lightning_ext/_series`` in a wheel, else ``patches/``."""
-    if root is None:  # pyproject.toml ships patches/ as lightning_ext/_series
-        package = Path(__file__).resolve().parents[1]
-        root = package / "_series" if (package / "_series").is_dir() else package.parent / "patches"
+    """``<root>/lightning-<target's version>``; ``root`` is ``lightning_ext/patches/series`` in a wheel, else the
+    repository's ``patches/``."""
+    if root is None:  # pyproject.toml ships the repository's patches/ as lightning_ext/patches/series
+        here = Path(__file__).resolve().parent
+        root = here / "series" if (here / "series").is_dir() else here.parents[1] / "patches"
     if (version := target_version(target)) is None:
         raise PatchError(f"cannot tell the Lightning version of {target} (no version.info); pass --series DIR")
     if not (series := root / f"lightning-{version}").is_dir():

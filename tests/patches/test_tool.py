@@ -434,7 +434,7 @@ def test_the_built_wheel_ships_the_series_and_the_installed_tool_checks_it(tmp_p
     shipped = set(zipfile.ZipFile(wheel).namelist())
     assert {path.relative_to(repo).as_posix() for path in (repo / "lightning_ext").rglob("*.py")} <= shipped
     series = {path.relative_to(repo / "patches").as_posix() for path in (repo / "patches").glob("lightning-*/*.patch")}
-    assert len(series) >= 3 and {f"lightning_ext/_series/{name}" for name in series} <= shipped
+    assert len(series) >= 3 and {f"lightning_ext/patches/series/{name}" for name in series} <= shipped
 
     # A fresh virtual environment that sees this one's packages (lightning, torch, unidiff) through a .pth file
     venv = tmp_path / "venv"
@@ -448,7 +448,7 @@ def test_the_built_wheel_ships_the_series_and_the_installed_tool_checks_it(tmp_p
     target = shutil.copytree(default_target(), tmp_path / "copy" / "lightning", ignore=shutil.ignore_patterns("*.pyc"))
     version = target_version(target)
     out = _run(python, "-m", "lightning_ext.patches", "check", "--target", target, cwd=tmp_path, env=environment)
-    assert f"series: {purelib / 'lightning_ext' / '_series' / f'lightning-{version}'}\n" in out
+    assert f"series: {purelib / 'lightning_ext' / 'patches' / 'series' / f'lightning-{version}'}\n" in out
     patch_files = list((repo / "patches" / f"lightning-{version}").glob("*.patch"))
     hunks = sum(len(re.findall(r"^@@ ", path.read_text(), flags=re.MULTILINE)) for path in patch_files)
     assert out.endswith(f"result: the series applies cleanly ({len(patch_files)} patches, {hunks} hunks)\n")
