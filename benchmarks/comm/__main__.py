@@ -22,12 +22,12 @@ from benchmarks.comm.decisions import COUNT_ROUNDS
 from benchmarks.comm.gpu import gpu_sessions
 from benchmarks.comm.launch import SessionFailed, run_session
 from benchmarks.comm.plan import FULL, SMOKE, Counts, SessionSpec, plan_sessions, progress_units, session_timeout_s
-from benchmarks.comm.report import build_rows, check_targets, markdown, write_json
+from benchmarks.comm.report import build_rows, check_targets, markdown, metadata, write_json
 from benchmarks.comm.row_cost import row_costs
 from benchmarks.comm.session import SessionResult
 from benchmarks.comm.sync_cost import sync_costs
 from benchmarks.comm.training import ROW_LOOPS_PER_STEP, SKIP_STEPS
-from benchmarks.helpers.machine import default_machine, load_average, metadata
+from benchmarks.helpers.machine import default_machine, load_average
 
 __all__ = ["main"]
 

@@ -29,8 +29,9 @@ import torch.distributed as dist
 from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 from lightning.pytorch.strategies import DDPStrategy
 
-from benchmarks.comm.stock import TrainerStandIn, policy_strategy, stock_lightning, stock_strategy
+from benchmarks.comm.stock import policy_strategy, stock_lightning, stock_strategy
 from benchmarks.helpers.collectives import count_collectives
+from benchmarks.helpers.stand_ins import StandInTrainer
 from lightning_ext import available_policies
 from lightning_ext._collective import RankGroup
 from lightning_ext._decisions.checkpoint import decide_top_k
@@ -93,7 +94,7 @@ def _checkpoint_callback() -> ModelCheckpoint:
 
 
 def _checkpoint_subject(label: str, strategy: DDPStrategy, device: torch.device) -> _Subject:
-    trainer: Any = TrainerStandIn(strategy)
+    trainer: Any = StandInTrainer(strategy)
     callback = _checkpoint_callback()
     state: dict[str, dict[str, torch.Tensor]] = {}
 
@@ -117,7 +118,7 @@ def _checkpoint_subject(label: str, strategy: DDPStrategy, device: torch.device)
 
 
 def _early_stopping_subject(label: str, strategy: DDPStrategy, device: torch.device) -> _Subject:
-    trainer: Any = TrainerStandIn(strategy)
+    trainer: Any = StandInTrainer(strategy)
     callback = EarlyStopping(monitor="val_loss", mode="min", patience=1, verbose=False)
 
     def prepare(value: float) -> None:

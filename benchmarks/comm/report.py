@@ -10,19 +10,29 @@ CPU time of the main thread, a diagnostic of the cost itself. ``collectives`` is
 calls per decision, or per step.
 """
 
+import datetime
 import json
+import os
+import platform
 import random
 import statistics
+import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import lightning
+import torch
+
+import lightning_ext
 from benchmarks.comm.decisions import decision_subjects
 from benchmarks.comm.plan import SessionSpec
 from benchmarks.comm.row_cost import RowCost, cost_lines
 from benchmarks.comm.session import SessionResult
 from benchmarks.comm.sync_cost import SyncCost, sync_lines
 from benchmarks.comm.training import BASELINES
+from benchmarks.helpers.machine import load_average
+from lightning_ext.strategies import _runtime
 
 __all__ = [
     "LATENCY_TARGET",
@@ -33,6 +43,7 @@ __all__ = [
     "check_targets",
     "markdown",
     "median_interval",
+    "metadata",
     "write_json",
 ]
 
@@ -305,3 +316,27 @@ def markdown(
             )
     lines += ["", "## Notes", ""] + [f"- {note}" for note in metadata.get("notes", [])]
     return "\n".join(lines) + "\n"
+
+
+def metadata(
+    *, machine: str, counts: dict[str, Any], notes: list[str], load_before: list[float] | None
+) -> dict[str, Any]:
+    """Versions, hardware, the counts used, the date, the load before and after, and the notes on the method."""
+    return {
+        "machine": machine,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join(["python -m benchmarks.comm", *sys.argv[1:]]),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "lightning": lightning.__version__,
+        "lightning_ext": lightning_ext.__version__,
+        "patch_mode": _runtime.patch_mode(),
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "load_average_before": load_before,
+        "load_average_after": load_average(),
+        "cuda_device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "counts": counts,
+        "notes": notes,
+    }

@@ -20,27 +20,7 @@ from lightning.pytorch.strategies import DDPStrategy
 
 from lightning_ext.strategies import PolicyDDPStrategy, _runtime
 
-__all__ = ["TrainerStandIn", "policy_strategy", "stock_lightning", "stock_strategy"]
-
-
-class TrainerStandIn:
-    """What ``ModelCheckpoint.check_monitor_top_k`` and the early-stopping check read from a trainer.
-
-    Args:
-        strategy: the real strategy the callbacks reach through ``trainer.strategy``.
-
-    """
-
-    def __init__(self, strategy: DDPStrategy) -> None:
-        self.strategy = strategy
-        self.global_rank = strategy.global_rank
-        self.is_global_zero = strategy.global_rank == 0
-        self.fast_dev_run = False
-        self.should_stop = False
-        self.current_epoch = 0
-        self.global_step = 0
-        self.callback_metrics: dict[str, torch.Tensor] = {}
-        self.loggers: list[Any] = []
+__all__ = ["policy_strategy", "stock_lightning", "stock_strategy"]
 
 
 def stock_strategy(device: torch.device, world_size: int) -> DDPStrategy:

@@ -14,7 +14,6 @@ import importlib.metadata
 import json
 import os
 import platform
-import re
 import shutil
 import statistics
 import sys
@@ -22,6 +21,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from benchmarks.helpers.machine import cpu_machine, load_average
 from benchmarks.scale.data import write_run
 from benchmarks.scale.reader import READERS, memory, same_values, time_readers
 from benchmarks.scale.report import spread, write_chart, write_markdown
@@ -82,20 +82,11 @@ def _ratios(ours: list[tuple[float, float]], plain: list[tuple[float, float]], *
     return [mine[which] / theirs[which] for mine, theirs in zip(ours, plain, strict=True)]
 
 
-def _machine() -> str:
-    arch = re.sub(r"[^a-z0-9_]+", "-", (platform.machine() or "unknown").lower()).strip("-")
-    return f"cpu-{os.cpu_count() or 0}core-{arch}"
-
-
 def _version(name: str) -> str | None:
     try:
         return importlib.metadata.version(name)
     except importlib.metadata.PackageNotFoundError:
         return None
-
-
-def _load() -> list[float]:
-    return [round(value, 2) for value in os.getloadavg()]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -104,8 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     counts = _counts(args)
     if min(counts["ranks"]) < 4 or counts["rows"] < 10 or counts["repeats"] < 1 or min(counts["writers"]) < 1:
         _parser().error("--ranks must be at least 4, --rows at least 10, --repeats and --writers at least 1")
-    machine = args.machine or _machine()
-    load_before = _load()
+    machine = args.machine or cpu_machine()
+    load_before = load_average()
     document: dict[str, Any] = {key: counts[key] for key in ("rows", "repeats", "writer_rows")}
     document.update(reader=[], summary=[])
     scratch = Path(tempfile.mkdtemp(prefix="lightning-ext-scale-"))
@@ -124,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
                 "ratio_spread": {reader: spread(_ratios(times[reader], plain)) for reader in READERS[1:]},
                 "cpu_ratio": statistics.median(_ratios(times[READERS[1]], plain, cpu=True)),
                 "same_values": same_values(log_dir, ranks),
-                "load_average": _load(),
+                "load_average": load_average(),
             }
             row["memory"] = {reader: memory(log_dir, ranks, reader) for reader in READERS}
             row["table_rows"] = int(row["memory"][READERS[1]]["rows"])
@@ -157,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         "platform": platform.platform(),
         "cpu_count": os.cpu_count(),
         "load_average_before": load_before,
-        "load_average_after": _load(),
+        "load_average_after": load_average(),
         "notes": _NOTES,
     }
     _write(args.out, f"scale-{machine}", document)

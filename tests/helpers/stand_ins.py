@@ -12,6 +12,8 @@ from typing import Any
 import torch
 from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 
+from benchmarks.helpers.stand_ins import StandInTrainer
+
 CKPT_DIR = "/nonexistent/lightning-ext-ckpts"  # never written: the stand-in trainer only records the save
 FILENAME = "{epoch}-{val_loss:.2f}-{acc:.3f}"
 
@@ -34,26 +36,6 @@ class StandInStrategy:
 
     def remove_checkpoint(self, filepath: str) -> None:
         self.removed.append(filepath)
-
-
-class StandInTrainer:
-    """What ModelCheckpoint/EarlyStopping read from a trainer."""
-
-    def __init__(self, strategy: StandInStrategy) -> None:
-        self.strategy = strategy
-        self.global_rank = strategy.global_rank
-        self.is_global_zero = strategy.global_rank == 0
-        self.loggers: list[Any] = []
-        self.ckpt_path = None
-        self.global_step = 0
-        self.current_epoch = 0
-        self.fast_dev_run = False
-        self.should_stop = False
-        self.callback_metrics: dict[str, torch.Tensor] = {}
-        self.saved: list[str] = []
-
-    def save_checkpoint(self, filepath: str, weights_only: bool = False) -> None:
-        self.saved.append(filepath)
 
 
 def make_checkpoint(mode: str, save_top_k: int) -> ModelCheckpoint:
