@@ -9,8 +9,8 @@ import pytest
 
 from lightning_ext import Quorum
 from lightning_ext._decisions.rows import Observation
-from tests.decisions.test_trainer_policies import CKPT, TABLE_3
 from tests.helpers import decision_tasks as tasks
+from tests.helpers.decision_scenarios import CKPT, STEP_CKPT, STEP_TABLE, TABLE_3
 from tests.helpers.pool import RankFailure, RankPool, RankTimeout
 
 pytestmark = pytest.mark.slow
@@ -176,8 +176,6 @@ def test_step_based_checkpoint_with_metric_on_rank_zero_only_is_one_error_on_eve
     rank_pools: Any, tmp_path: Any
 ) -> None:
     """Lightning defers a due step-based save on each rank that lacks the metric, alone: a deadlock in stock."""
-    from tests.decisions.test_trainer_policies import STEP_CKPT, STEP_TABLE
-
     started = time.monotonic()
     with pytest.raises(RankFailure) as raised:
         rank_pools(2).run(

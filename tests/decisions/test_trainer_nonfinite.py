@@ -17,7 +17,7 @@ import pytest
 from lightning.pytorch.callbacks import early_stopping
 
 from lightning_ext import Quorum
-from tests.decisions.test_trainer_policies import STEP_CKPT, assert_agreed
+from tests.helpers.decision_scenarios import STEP_CKPT, assert_agreed
 
 pytestmark = pytest.mark.slow
 

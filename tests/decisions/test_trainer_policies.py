@@ -12,19 +12,14 @@ from typing import Any
 import pytest
 
 from lightning_ext import Quorum
+from tests.helpers.decision_scenarios import CKPT, ES_TABLE_3, STEP_CKPT, STEP_TABLE, TABLE_3, assert_agreed
 
 pytestmark = pytest.mark.slow
 
-CKPT = {"monitor": "val_loss", "save_top_k": 1, "filename": "{epoch}-{val_loss:.2f}"}
 AGREED = ("best_model_path", "best_k_models", "kth_best_model_path", "last_model_path", "saves", "should_stop")
 
 # ---- checkpoint decisions, 3 ranks, save_top_k=1, mode=min --------------------------------------------------------
-# epoch:        0    1    2    3    4
-TABLE_3 = [
-    [4.0, 3.0, 3.5, 2.0, 2.50],  # rank 0
-    [4.0, 5.0, 3.5, 3.0, 2.25],  # rank 1
-    [4.0, 5.0, 4.5, 6.0, 2.75],  # rank 2
-]
+# epoch:        0    1    2    3    4 (TABLE_3, in tests/helpers/decision_scenarios.py)
 # Worked example, "majority": e0 first checkpoint (every rank votes yes). e1 votes (3<4, 5<4, 5<4) = (T,F,F): no.
 # e2 vs own bests (4,4,4): (T,T,F): 2 of 3, save, named with rank 0's 3.5. e3 vs (3.5,3.5,4.5): (T,T,F): save.
 # e4 vs (2,3,6): (F,T,T): save. "mean": 4.0, 4.33 (no), 3.83, 3.67, 2.50. "min": 4, 3, 3.5 (no), 2, 2.25 (no).
@@ -78,11 +73,6 @@ SAVES_2: dict[str, list[float | str]] = {
 SAVES_2["quorum1"] = SAVES_2["any"]
 
 # ---- early stopping, patience=1 (a rank votes to stop at its first epoch without improvement) ---------------------
-ES_TABLE_3 = [
-    [10.0, 9.0, 7.5, 8.5, 9.0],  # rank 0 votes stop at e3, e4
-    [10.0, 11.0, 12.0, 7.0, 7.5],  # rank 1 votes stop at e1, e2, e4
-    [10.0, 8.0, 9.0, 9.0, 8.5],  # rank 2 votes stop at e2, e3, e4
-]
 # votes per epoch: e1 (F,T,F), e2 (F,T,T), e3 (T,F,T), e4 (T,T,T). mean: 10, 9.33, 9.5 (stop e2).
 # min: 10, 8, 7.5, 7, 7.5 (stop e4). max: 10, 11 (stop e1).
 STOP_3 = {"any": 1, "majority": 2, "quorum2": 2, "rank_zero": 3, "all": 4, "mean": 2, "min": 4, "max": 1}
@@ -98,12 +88,6 @@ def policy_spec(name: str) -> Any:
     if name.startswith("quorum"):
         return Quorum(int(name[len("quorum") :]))
     return name
-
-
-def assert_agreed(results: list[dict[str, Any]], keys: tuple[str, ...]) -> None:
-    for key in keys:
-        values = [result[key] for result in results]
-        assert all(value == values[0] for value in values), f"ranks disagree on {key}: {values}"
 
 
 @pytest.mark.parametrize(("table", "expected"), [(TABLE_2, SAVES_2), (TABLE_3, SAVES_3)], ids=["2ranks", "3ranks"])
@@ -229,11 +213,6 @@ def test_user_subclass_with_its_own_top_k_rule_votes_with_it(rank_pools: Any, tm
 
 
 # ---- step-based checkpoints (every_n_train_steps): decided where every rank arrives ------------------------------
-STEP_TABLE = [  # train_metric per global step (one step per epoch here), un-synced
-    [4.0, 3.0, 3.5, 2.0, 2.5],
-    [4.0, 5.0, 3.0, 3.0, 2.25],
-]
-STEP_CKPT = {"monitor": "train_metric", "every_n_train_steps": 1, "filename": "{step}-{train_metric:.2f}"}
 
 
 def test_step_based_checkpoints_follow_the_policy_and_defaults_match_stock(rank_pools: Any, tmp_path: Any) -> None:

@@ -169,3 +169,31 @@ def fit(
         result["wait_count"] = early_cb.wait_count
         result["best_score"] = float(early_cb.best_score)
     return result
+
+
+# ---- the inputs several tests share: their expected outcomes were worked out by hand in those tests -------------
+CKPT = {"monitor": "val_loss", "save_top_k": 1, "filename": "{epoch}-{val_loss:.2f}"}
+# val_loss per rank (rows) and epoch (columns): checkpoint decisions, 3 ranks, save_top_k=1, mode=min
+TABLE_3 = [
+    [4.0, 3.0, 3.5, 2.0, 2.50],  # rank 0
+    [4.0, 5.0, 3.5, 3.0, 2.25],  # rank 1
+    [4.0, 5.0, 4.5, 6.0, 2.75],  # rank 2
+]
+# early stopping, patience=1 (a rank votes to stop at its first epoch without improvement)
+ES_TABLE_3 = [
+    [10.0, 9.0, 7.5, 8.5, 9.0],  # rank 0 votes stop at e3, e4
+    [10.0, 11.0, 12.0, 7.0, 7.5],  # rank 1 votes stop at e1, e2, e4
+    [10.0, 8.0, 9.0, 9.0, 8.5],  # rank 2 votes stop at e2, e3, e4
+]
+STEP_TABLE = [  # train_metric per global step (one step per epoch here), un-synced
+    [4.0, 3.0, 3.5, 2.0, 2.5],
+    [4.0, 5.0, 3.0, 3.0, 2.25],
+]
+STEP_CKPT = {"monitor": "train_metric", "every_n_train_steps": 1, "filename": "{step}-{train_metric:.2f}"}
+
+
+def assert_agreed(results: list[dict[str, Any]], keys: tuple[str, ...]) -> None:
+    """Every rank ended with the same value of each of ``keys``."""
+    for key in keys:
+        values = [result[key] for result in results]
+        assert all(value == values[0] for value in values), f"ranks disagree on {key}: {values}"

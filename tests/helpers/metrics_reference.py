@@ -30,7 +30,7 @@ UNSPECIFIED = "unspecified: gloo MAX/MIN all-reduce of a NaN"
 Cells = dict[tuple[str, int, int, str], Any]
 
 
-def _forked(entry: dict[str, Any], on_step: bool) -> str:
+def forked(entry: dict[str, Any], on_step: bool) -> str:
     options = entry["options"]
     name = entry["name"]
     if options.get("on_step", False) and options.get("on_epoch", True):
@@ -151,7 +151,7 @@ def expected_cells(script: dict[str, list[dict[str, Any]]], world: int, epochs: 
             for epoch in range(epochs):
                 if stage == "train" and options.get("on_step", False):
                     for batch in range(batches):
-                        column = _forked(entry, on_step=True)
+                        column = forked(entry, on_step=True)
                         synced = _global_step(entry, world, epoch, batch)
                         cells["synced"][("step", epoch, batch, column)] = _plain(synced)
                         for rank in range(1 if zero_only else world):
@@ -159,7 +159,7 @@ def expected_cells(script: dict[str, list[dict[str, Any]]], world: int, epochs: 
                                 torch.tensor(entry["values"][rank][epoch][batch], dtype=F32)
                             )
                 if options.get("on_epoch", True):
-                    column = _forked(entry, on_step=False)
+                    column = forked(entry, on_step=False)
                     key = (f"{stage}_epoch", epoch, -1, column)
                     cells["synced"][key] = _plain(_global_epoch(entry, world, epoch))
                     for rank in range(1 if zero_only else world):

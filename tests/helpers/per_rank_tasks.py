@@ -18,9 +18,11 @@ import re
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
+from pathlib import Path
 from typing import Any
 
 import lightning as L
+import pandas as pd
 import torch
 import torch.distributed as dist
 import torchmetrics
@@ -161,3 +163,37 @@ def _full_disk(log_dir: str, allowed: int = 2) -> Iterator[None]:
         yield
     finally:
         os.open, os.write, os.close = real_open, real_write, real_close
+
+
+# ---- the parent's side: runs in a pool, and the expected rows from the value formula above ---------------------------
+WORLD, EPOCHS, BATCHES = 2, 2, 3
+
+
+def expected_rows(rank: int, log_rank: bool = False, tm: bool = False) -> list[dict[str, float]]:
+    """Rank ``rank``'s rows in file order: each step's, then the epoch's (see the module docstring)."""
+    rows = []
+    for epoch in range(EPOCHS):
+        values = [100.0 * epoch + 10 * rank + batch for batch in range(BATCHES)]
+        for value in values:
+            rows.append(
+                {"epoch": epoch, "loss_step": value, "own": value + 0.5, **({"metric:rank": rank} if log_rank else {})}
+            )
+        mean = sum(values) / BATCHES
+        rows.append({"epoch": epoch, "loss_epoch": mean, **({"tm": mean} if tm else {})})
+    return rows
+
+
+def run(pool: Any, root: Path | str, **options: Any) -> list[dict[str, Any]]:
+    results = pool.run("tests.helpers.per_rank_tasks:fit", (str(root),), timeout=180, **options)
+    assert [r["status"] for r in results] == ["finished"] * WORLD  # the run completes on every rank
+    assert [r["global_step"] for r in results] == [EPOCHS * BATCHES] * WORLD
+    return results
+
+
+def check_rows(table: pd.DataFrame, rank: int, stock: pd.DataFrame, expected: list[dict[str, float]]) -> None:
+    mine = table[table["rank"] == rank].reset_index(drop=True)
+    assert mine["step"].tolist() == stock["step"].tolist()[: len(mine)]
+    for index, row in enumerate(expected[: len(mine)]):
+        cells = {name: mine.at[index, name] for name in mine.columns if name not in ("rank", "step")}
+        present = {name: float(value) for name, value in cells.items() if not pd.isna(value)}
+        assert present == row, f"rank {rank}, row {index}"

@@ -1,8 +1,11 @@
-"""Crashes while writing per-rank metrics: SIGKILL mid-run, a crash at each stage of a header rewrite, torn lines.
+"""Crashes while writing per-rank metrics: SIGKILL mid-run (a writer, and a training rank), a crash at each stage of a
+header rewrite, torn lines.
 
-The hard crashes run in real processes (``tests/helpers/scripts/rank_writer.py``), each under a deadline.
+The hard crashes run in real processes (``tests/helpers/scripts/rank_writer.py`` and ``killed_rank.py``), each under a
+deadline.
 """
 
+import json
 import os
 import re
 import selectors
@@ -18,7 +21,8 @@ from lightning_ext import RankMetricsError, read_rank_metrics
 from lightning_ext.rank_metrics import RankMetricsWriter, rank_metrics_path
 from tests.helpers.scripts.rank_writer import CRASH_CODE, CRASH_STAGES, FIRST_ROWS, expected_row
 
-SCRIPT = Path(__file__).parents[1] / "helpers" / "scripts" / "rank_writer.py"
+SCRIPTS = Path(__file__).resolve().parents[1] / "helpers" / "scripts"
+SCRIPT = SCRIPTS / "rank_writer.py"
 DEADLINE_S = 60
 
 
@@ -64,6 +68,43 @@ def test_sigkill_mid_run_keeps_every_flushed_row_and_tears_none(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert len(read_rank_metrics(tmp_path)) == len(table)
+
+
+@pytest.mark.slow
+def test_sigkilled_rank_keeps_every_flushed_row(tmp_path: Path) -> None:
+    flush_every, kill_at = 7, 40  # 39 rows logged by then (this step's comes later); 35 flushed, 4 in memory
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            str(SCRIPTS / "killed_rank.py"),
+            str(tmp_path),
+            str(kill_at),
+            str(flush_every),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )
+    try:
+        output, _ = process.communicate(timeout=150)
+    except subprocess.TimeoutExpired:  # rank 0 may wait for its dead peer: end the whole job
+        os.killpg(process.pid, signal.SIGKILL)
+        output, _ = process.communicate()
+    killed = tmp_path / "killed.json"
+    assert killed.is_file(), f"rank 1 never reached step {kill_at}:\n{output[-3000:]}"
+    report = json.loads(killed.read_text())
+    assert report["logged"] == kill_at - 1
+    assert report["flushed"] == (kill_at - 1) // flush_every * flush_every
+    data = Path(report["path"]).read_bytes()
+    assert data.endswith(b"\n"), "a torn row was left behind"
+    table = read_rank_metrics(Path(report["path"]).parent.parent)
+    rows = table[table["rank"] == 1]
+    # every flushed row is on disk, nothing else; the loss is at most the unflushed window
+    assert len(rows) == report["flushed"]
+    assert report["logged"] - flush_every < len(rows) <= report["logged"]
+    assert rows["rank_value"].tolist() == [1000.0 + step for step in range(len(rows))]
 
 
 @pytest.mark.timeout(DEADLINE_S)

@@ -2,8 +2,8 @@
 
 In each run: training completes on every rank; rank 1 gets exactly one ``RankMetricsWarning`` naming its file and the
 error, its file keeps the rows written before the fault and is marked incomplete; rank 0 gets no warning and its file
-is complete. Expected cells come from the value formula in ``tests/per_rank_tasks.py`` and the steps and epochs from
-stock Lightning's own ``metrics.csv``.
+is complete. Expected cells come from the value formula in ``tests/helpers/per_rank_tasks.py`` and the steps and
+epochs from stock Lightning's own ``metrics.csv``.
 """
 
 from __future__ import annotations
@@ -18,39 +18,9 @@ import pytest
 
 from lightning_ext import read_rank_metrics
 from lightning_ext.rank_metrics import RankMetricsWarning, incomplete_ranks
+from tests.helpers.per_rank_tasks import BATCHES, EPOCHS, WORLD, check_rows, expected_rows, run
 
 pytestmark = pytest.mark.slow
-WORLD, EPOCHS, BATCHES = 2, 2, 3
-
-
-def expected_rows(rank: int, log_rank: bool = False, tm: bool = False) -> list[dict[str, float]]:
-    """Rank ``rank``'s rows in file order: each step's, then the epoch's (see tests/per_rank_tasks.py)."""
-    rows = []
-    for epoch in range(EPOCHS):
-        values = [100.0 * epoch + 10 * rank + batch for batch in range(BATCHES)]
-        for value in values:
-            rows.append(
-                {"epoch": epoch, "loss_step": value, "own": value + 0.5, **({"metric:rank": rank} if log_rank else {})}
-            )
-        mean = sum(values) / BATCHES
-        rows.append({"epoch": epoch, "loss_epoch": mean, **({"tm": mean} if tm else {})})
-    return rows
-
-
-def run(pool: Any, root: Path | str, **options: Any) -> list[dict[str, Any]]:
-    results = pool.run("tests.helpers.per_rank_tasks:fit", (str(root),), timeout=180, **options)
-    assert [r["status"] for r in results] == ["finished"] * WORLD  # the run completes on every rank
-    assert [r["global_step"] for r in results] == [EPOCHS * BATCHES] * WORLD
-    return results
-
-
-def check_rows(table: pd.DataFrame, rank: int, stock: pd.DataFrame, expected: list[dict[str, float]]) -> None:
-    mine = table[table["rank"] == rank].reset_index(drop=True)
-    assert mine["step"].tolist() == stock["step"].tolist()[: len(mine)]
-    for index, row in enumerate(expected[: len(mine)]):
-        cells = {name: mine.at[index, name] for name in mine.columns if name not in ("rank", "step")}
-        present = {name: float(value) for name, value in cells.items() if not pd.isna(value)}
-        assert present == row, f"rank {rank}, row {index}"
 
 
 def check_isolated(results: list[dict[str, Any]], error: str, rows: int, marker: str, **shape: bool) -> None:

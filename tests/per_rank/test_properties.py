@@ -23,7 +23,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lightning_ext import read_rank_metrics
-from tests.helpers.metrics_reference import _forked, comparable, expected_cells, file_cells
+from tests.helpers.metrics_reference import comparable, expected_cells, file_cells, forked
 
 pytestmark = pytest.mark.slow
 DYADIC = st.integers(-32, 32).map(lambda n: n / 4)
@@ -82,8 +82,8 @@ def _check_run(rank_pools: Any, root: Path, world: int, case: Any) -> None:
         timeout=180,
     )
     log_dir = Path(results[0]["log_dir"])
-    step_columns = {_forked(e, True) for e in script["train"] if e["options"]["on_step"]}
-    epoch_columns = {_forked(e, False) for e in script["train"] if e["options"]["on_epoch"]}
+    step_columns = {forked(e, True) for e in script["train"] if e["options"]["on_step"]}
+    epoch_columns = {forked(e, False) for e in script["train"] if e["options"]["on_epoch"]}
     expected = expected_cells(script, world, epochs, batches)
 
     def check(path: Path, want: dict[Any, Any], who: str) -> None:

@@ -20,7 +20,7 @@ from lightning_ext import read_rank_metrics
 from lightning_ext.cli import main
 from lightning_ext.rank_metrics import RankMetricsWriter, rank_metrics_path
 from tests.helpers.s3 import BUCKET, s3_storage, use_s3
-from tests.per_rank.test_files import call_sequences
+from tests.helpers.writer_calls import call_sequences
 
 MEMORY = fsspec.filesystem("memory")
 PART = re.compile(r"metrics\.csv\.part-[0-9a-f]{16}-[0-9]{8}$")

@@ -12,8 +12,8 @@ import pytest
 
 from lightning_ext import read_rank_metrics
 from lightning_ext.cli import main
+from tests.helpers.per_rank_tasks import BATCHES, EPOCHS, WORLD, check_rows, expected_rows, run
 from tests.helpers.s3 import BUCKET, s3_storage, use_s3
-from tests.per_rank.test_isolation import BATCHES, EPOCHS, WORLD, check_rows, expected_rows, run
 
 pytestmark = pytest.mark.slow
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers.metrics_reference import _forked, comparable, expected_cells, file_cells
+from tests.helpers.metrics_reference import comparable, expected_cells, file_cells, forked
 
 pytestmark = pytest.mark.slow
 
@@ -100,8 +100,8 @@ def test_mid_epoch_resume_logs_every_row_once_with_the_uninterrupted_values(rank
     assert checkpoint.is_file(), sorted(p.name for p in (resumed / "ckpt").iterdir())
     pool.run("tests.helpers.logging_scenarios:fit", (str(resumed), script), ckpt_path=str(checkpoint), **common)
 
-    step_columns = {_forked(e, True) for e in script["train"] if e["options"]["on_step"]}
-    epoch_columns = {_forked(e, False) for e in script["train"] if e["options"]["on_epoch"]}
+    step_columns = {forked(e, True) for e in script["train"] if e["options"]["on_step"]}
+    epoch_columns = {forked(e, False) for e in script["train"] if e["options"]["on_epoch"]}
     expected = _expected(script)
 
     def check_cells(path: Path, want: dict[Any, Any], who: str) -> None:

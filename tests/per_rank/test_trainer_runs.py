@@ -10,61 +10,16 @@ import pandas as pd
 import pytest
 
 from lightning_ext import read_rank_metrics
-from tests.helpers.metrics_reference import expected_cells, observed_cells
+from tests.helpers.logging_scenarios import BATCHES, EPOCHS, full_script
+from tests.helpers.metrics_reference import expected_cells, forked, observed_cells
 
 pytestmark = pytest.mark.slow
 
-EPOCHS, BATCHES = 2, 3
-
-
-def _values(world: int, offset: float) -> list[list[list[float]]]:
-    """Distinct, exactly representable values per rank, epoch and batch."""
-    return [
-        [[offset + 8 * rank + 2 * epoch + 0.25 * batch for batch in range(BATCHES)] for epoch in range(EPOCHS)]
-        for rank in range(world)
-    ]
-
-
-def _sizes(world: int) -> list[list[list[int]]]:
-    # the same on every rank: Lightning's synced weighted mean is only right then (see test_upstream_truncation)
-    return [[[1 + (epoch + batch) % 3 for batch in range(BATCHES)] for epoch in range(EPOCHS)] for _ in range(world)]
-
-
-def full_script(world: int) -> dict[str, list[dict[str, Any]]]:
-    """Every logging feature: sync on/off, mean (batch-weighted)/sum/max/min, step/epoch, torchmetrics,
-    rank_zero_only, and two validation dataloaders (index suffixes)."""
-
-    def entry(name: str, offset: float, sized: bool = False, **options: Any) -> dict[str, Any]:
-        return {
-            "name": name,
-            "options": options,
-            "values": _values(world, offset),
-            "batch_sizes": _sizes(world) if sized else None,
-        }
-
-    train = [
-        entry("loss", 0.0, sized=True, on_step=True, on_epoch=True, sync_dist=False),
-        entry("loss_sync", 1.0, sized=True, on_step=True, on_epoch=True, sync_dist=True),
-        entry("total", 2.0, on_step=False, on_epoch=True, reduce_fx="sum", sync_dist=True),
-        entry("peak", 3.0, on_step=False, on_epoch=True, reduce_fx="max", sync_dist=True),
-        entry("low", 4.0, on_step=False, on_epoch=True, reduce_fx="min", sync_dist=False),
-        entry("only_step", 5.0, on_step=True, on_epoch=False, sync_dist=True),
-        entry("zero_only", 6.0, on_step=False, on_epoch=True, rank_zero_only=True),
-        dict(entry("tm", 7.0, sized=True, on_step=False, on_epoch=True, sync_dist=True), kind="torchmetric"),
-    ]
-    val = [
-        dict(entry("val_loss", 10.0, on_step=False, on_epoch=True), dataloader_idx=0, dataloaders=2),
-        dict(entry("val_loss", 11.0, on_step=False, on_epoch=True, sync_dist=True), dataloader_idx=1, dataloaders=2),
-    ]
-    return {"train": train, "val": val}
-
 
 def _columns(script: dict[str, list[dict[str, Any]]]) -> tuple[set[str], set[str], set[str]]:
-    from tests.helpers.metrics_reference import _forked
-
-    step = {_forked(e, True) for e in script["train"] if e["options"].get("on_step")}
-    train_epoch = {_forked(e, False) for e in script["train"] if e["options"].get("on_epoch", True)}
-    zero_only = {_forked(e, False) for stage in script.values() for e in stage if e["options"].get("rank_zero_only")}
+    step = {forked(e, True) for e in script["train"] if e["options"].get("on_step")}
+    train_epoch = {forked(e, False) for e in script["train"] if e["options"].get("on_epoch", True)}
+    zero_only = {forked(e, False) for stage in script.values() for e in stage if e["options"].get("rank_zero_only")}
     return step, train_epoch, zero_only
 
 

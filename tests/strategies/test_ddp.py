@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 import json
 import os
 import subprocess
@@ -20,15 +19,6 @@ from lightning_ext.policies import resolve_policy
 from lightning_ext.strategies._runtime import patch_mode
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def test_takes_every_ddp_strategy_argument_with_the_same_default() -> None:
-    ours = inspect.signature(PolicyDDPStrategy.__init__).parameters
-    for name, parameter in inspect.signature(DDPStrategy.__init__).parameters.items():
-        assert name in ours, name
-        assert ours[name].default == parameter.default, name
-    for name in ("checkpoint_policy", "early_stopping_policy"):
-        assert ours[name].kind is inspect.Parameter.KEYWORD_ONLY
 
 
 def test_ddp_arguments_are_passed_through_to_ddp_strategy() -> None:

@@ -11,9 +11,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(REPO))
 
-from tests.decisions.test_trainer_policies import CKPT, ES_TABLE_3, STEP_CKPT, STEP_TABLE, TABLE_3  # noqa: E402
+from tests.helpers.decision_scenarios import CKPT, ES_TABLE_3, STEP_CKPT, STEP_TABLE, TABLE_3  # noqa: E402
+from tests.helpers.logging_scenarios import full_script  # noqa: E402
 from tests.helpers.pool import RankPool  # noqa: E402
-from tests.per_rank.test_trainer_runs import full_script  # noqa: E402
 
 
 def _files(directory: Path) -> dict[str, str]:
