@@ -1,9 +1,6 @@
-"""lightning-ext: cross-rank decision policies, per-rank metrics and hang-proof checks for PyTorch Lightning.
+"""lightning-ext: cross-rank decision policies, per-rank metrics and hang checks for PyTorch Lightning.
 
-Replace ``strategy="ddp"`` with ``PolicyDDPStrategy(checkpoint_policy=..., early_stopping_policy=...)``; your
-``ModelCheckpoint`` and ``EarlyStopping`` callbacks stay as they are.
-
-Importing the package is cheap: the names below load on first use, and the strategy names
+Importing the package is cheap: each name loads its module on first use, and the strategy names
 (``Trainer(strategy="ddp_majority")``) are registered as soon as Lightning itself is imported.
 """
 

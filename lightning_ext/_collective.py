@@ -1,12 +1,4 @@
-"""The only module of lightning-ext that talks to other ranks.
-
-Decisions run on the training process group; lightning-ext's own checks run on a separate gloo group
-(:func:`side_group`), and cross-rank error reports travel through the process group's store (:func:`store_client`).
-A decision pays exactly one collective: :func:`all_reduce_row`, an all-reduce of one small, fixed-size tensor on the
-strategy's device (never a pickled object). At world size 1 it returns the row untouched, with no communication.
-:func:`all_gather_objects` exists only for paths that are already failing or run once at set-up (naming the ranks
-that lack a metric, comparing configurations), where a pickled object is the clearest thing to send.
-"""
+"""The only module of lightning-ext that talks to other ranks (``docs/internals.md``)."""
 
 import contextlib
 from collections.abc import Iterator

@@ -1,26 +1,4 @@
-"""The ``lightning-ext`` command line (also ``python -m lightning_ext``).
-
-Commands:
-
-* ``ranks LOG_DIR [--metric NAME ...] [--step STEP|last] [--top N] [--format text|json|csv] [--ranks SPEC]
-  [--plot FILE.png] [--filename TEMPLATE] [--allow-mixed]``: read the per-rank metrics files under ``LOG_DIR`` (a
-  path or an fsspec URL such as ``s3://bucket/run``) and summarize, for each metric, each rank's last value (or its
-  value at ``--step``). Up to 8 ranks: every rank's value side by side, their min / max / std and the most outlying
-  rank. More: min, median, max, spread and MAD across ranks, and the ``--top`` ranks furthest from the median by a
-  robust z-score. ``--plot`` draws curves or percentile bands and a ranks x steps heatmap (``pip install
-  'lightning-ext[plot]'``). A file that cannot be read is skipped and listed; a rank whose file stopped early or a
-  torn last line is named in a warning line on stderr. Files of more than one run are refused.
-
-Exit codes: 0 success; 1 an error in the data (missing directory, no readable file, files of more than one run,
-unknown metric), reported as one line on stderr; 2 a usage error, or ``--plot`` without matplotlib.
-
-The command imports neither Lightning nor torch, so it starts in well under a second.
-
-Example:
-    >>> main(["ranks", "/no/such/dir"])
-    1
-
-"""
+"""The ``lightning-ext`` command line (also ``python -m lightning_ext``); it imports neither Lightning nor torch."""
 
 import argparse
 import importlib
@@ -53,6 +31,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     Args:
         argv: the arguments after the program name; ``sys.argv[1:]`` if ``None``.
+
+    Example:
+        >>> main(["ranks", "/no/such/dir"])
+        1
 
     """
     args = _parser().parse_args(argv)

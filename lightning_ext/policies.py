@@ -1,23 +1,4 @@
-"""Cross-rank decision policies: the rules, with no communication.
-
-A policy turns what every rank observed into one decision that every rank applies. There are two kinds:
-
-* :class:`VotePolicy`: every rank first makes its own decision exactly as stock Lightning would (its local metric
-  against its own recorded scores); the policy turns the tally of those votes into one decision.
-* :class:`AggregatePolicy`: the monitored value is first reduced across ranks (``mean``, ``min`` or ``max``) into
-  one agreed value; the stock comparison then runs once on that value, identically on every rank.
-
-Policies are small, picklable, and compared by :meth:`DecisionPolicy.describe`, which every rank must agree on.
-
-Example:
-    >>> resolve_policy("majority").decide(VoteTally(yes=2, world_size=3, rank_zero=False))
-    True
-    >>> Quorum(2).decide(VoteTally(yes=1, world_size=4, rank_zero=True))
-    False
-    >>> resolve_policy("mean")
-    AggregatePolicy('mean')
-
-"""
+"""Cross-rank decision policies: the rules that turn every rank's observation into one decision; pure."""
 
 from abc import ABC, abstractmethod
 from typing import Literal, NamedTuple
@@ -242,6 +223,12 @@ def resolve_policy(policy: PolicyLike) -> DecisionPolicy:
         Traceback (most recent call last):
         ...
         ValueError: Unknown decision policy 'median'. Valid names: 'all', 'any', 'majority', 'max', ...
+        >>> resolve_policy("majority").decide(VoteTally(yes=2, world_size=3, rank_zero=False))
+        True
+        >>> Quorum(2).decide(VoteTally(yes=1, world_size=4, rank_zero=True))
+        False
+        >>> resolve_policy("mean")
+        AggregatePolicy('mean')
 
     """
     if isinstance(policy, DecisionPolicy):

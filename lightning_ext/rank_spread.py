@@ -1,26 +1,4 @@
-"""How far the ranks' metrics drift apart: each rank's value, a robust summary across ranks, and plots.
-
-All take the long table that :func:`lightning_ext.read_rank_metrics` returns (columns ``rank``, ``step``, ``epoch``,
-then one column per metric), and look at one value per rank and metric: its last value (``step="last"``) or its
-value at a given step. :func:`summarize_spread` puts every rank side by side (a few ranks); :func:`summarize_ranks`
-reads well at any scale: min, median, max, spread and the ranks furthest from the median by a robust z-score
-(:func:`robust_z`). :func:`plot_rank_curves` draws (it needs matplotlib, the ``plot`` extra).
-
-Example:
-    >>> table = pd.DataFrame({
-    ...     "rank": [0, 0, 1, 1, 2, 2],
-    ...     "step": [0, 1, 0, 1, 0, 1],
-    ...     "loss": [2.0, 1.0, 2.0, 1.5, 2.0, 4.0],
-    ...     "acc": [0.5, float("nan"), 0.5, 0.5, 0.5, 0.5],
-    ... })
-    >>> print(format_spread(summarize_spread(table)))
-    metric  rank 0  rank 1  rank 2  min  max     std outlier_rank
-    acc        0.5     0.5     0.5  0.5  0.5       0            -
-    loss         1     1.5       4    1    4 1.60728            2
-    >>> [(far.rank, far.value, round(far.robust_z, 2)) for far in summarize_ranks(table, top=1)[1].furthest]
-    [(2, 4.0, 3.37)]
-
-"""
+"""How far the ranks' metrics drift apart: each rank's value, a robust summary across ranks, and plots."""
 
 from collections.abc import Sequence
 
@@ -82,7 +60,23 @@ def summarize_spread(table: pd.DataFrame, *, metrics: Sequence[str] | None = Non
 
 
 def format_spread(summary: pd.DataFrame) -> str:
-    """``summary`` (from :func:`summarize_spread`) as a fixed-width table: 6 significant digits, ``-`` for missing."""
+    """``summary`` (from :func:`summarize_spread`) as a fixed-width table: 6 significant digits, ``-`` for missing.
+
+    Example:
+        >>> table = pd.DataFrame({
+        ...     "rank": [0, 0, 1, 1, 2, 2],
+        ...     "step": [0, 1, 0, 1, 0, 1],
+        ...     "loss": [2.0, 1.0, 2.0, 1.5, 2.0, 4.0],
+        ...     "acc": [0.5, float("nan"), 0.5, 0.5, 0.5, 0.5],
+        ... })
+        >>> print(format_spread(summarize_spread(table)))
+        metric  rank 0  rank 1  rank 2  min  max     std outlier_rank
+        acc        0.5     0.5     0.5  0.5  0.5       0            -
+        loss         1     1.5       4    1    4 1.60728            2
+        >>> [(far.rank, far.value, round(far.robust_z, 2)) for far in summarize_ranks(table, top=1)[1].furthest]
+        [(2, 4.0, 3.37)]
+
+    """
     names = [str(name).translate(_ESCAPES) for name in summary.index]
     width = max(len(name) for name in [*names, "metric"])
     shown = summary.reset_index(drop=True)

@@ -1,17 +1,9 @@
 """Counting the collective operations a piece of code makes, so that costs are counted rather than assumed.
 
 Lightning, torchmetrics and lightning-ext all call collectives through the ``torch.distributed`` module
-(``torch.distributed.all_reduce(...)``). :func:`count_collectives` wraps those functions for the duration of a block
-and counts each call by name. The real operation still runs: nothing is mocked. Collectives that torch makes from C++
-(the DDP gradient buckets) are not counted, and a call such as ``all_gather_object`` counts once, although it
-exchanges twice on the wire.
-
-Example:
-    >>> with count_collectives() as counts:
-    ...     pass
-    >>> counts.total()
-    0
-
+(``torch.distributed.all_reduce(...)``), and those functions are what is counted: the real operation still runs.
+Collectives that torch makes from C++ (the DDP gradient buckets) are not counted, and a call such as
+``all_gather_object`` counts once, although it exchanges twice on the wire.
 """
 
 import functools
@@ -51,7 +43,15 @@ COLLECTIVES = (
 
 @contextmanager
 def count_collectives() -> Iterator[Counter[str]]:
-    """Count the ``torch.distributed`` collective calls made in this process inside the block, by name."""
+    """Count the ``torch.distributed`` collective calls made in this process inside the block, by name.
+
+    Example:
+        >>> with count_collectives() as counts:
+        ...     pass
+        >>> counts.total()
+        0
+
+    """
     counts: Counter[str] = Counter()
     originals: dict[str, Callable[..., Any]] = {}
     for name in COLLECTIVES:

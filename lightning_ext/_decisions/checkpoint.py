@@ -1,24 +1,4 @@
-"""The cross-rank decisions of ``ModelCheckpoint`` (save a top-k checkpoint?) and ``EarlyStopping`` (stop?).
-
-The callbacks' seams call :func:`save_topk_checkpoint` and :func:`run_early_stopping_check` when the strategy carries
-a policy (``strategy.checkpoint_policy`` / ``strategy.early_stopping_policy``); they return whether they handled the
-call, and where they did not, the stock method runs. Each decision costs one collective
-(:mod:`lightning_ext._collective`), made by every rank whether or not it has the metric, so a metric missing on some
-ranks becomes the same error on every rank instead of a deadlock.
-
-* Vote policies: each rank decides on its own exactly as stock Lightning does on that rank (the callback's own
-  ``check_monitor_top_k`` / ``_evaluate_stopping_criteria`` on its local value and its own recorded scores); the
-  policy turns the tally into one decision. For checkpoints, each rank votes against the top-k that stock Lightning
-  would keep on it (its own scores, its own evictions: :mod:`lightning_ext._decisions.local_top_k`), while the
-  callback's visible state (file names, paths, scores) is rank 0's bookkeeping, the one stock Lightning writes to disk,
-  mirrored on every rank. The score recorded for a save is rank 0's value, whatever rank 0 voted.
-* Aggregate policies: the value is reduced first; the callback's stock comparison then runs once on the agreed
-  value, which is what gets recorded, identically on every rank.
-* Non-finite values never win a checkpoint: a non-finite local value votes against saving, and a decision whose
-  recorded score (rank 0's value, or the agreed value) is not finite never saves, whatever the policy says
-  (``docs/policies.md``).
-* ``EarlyStopping(check_finite=True)``: a non-finite value on any rank stops every rank, whatever the policy.
-"""
+"""The cross-rank decision of ``ModelCheckpoint``: save a new top-k checkpoint on every rank, or on none."""
 
 import functools
 import math

@@ -1,9 +1,4 @@
-"""This rank's own top-k, kept exactly as stock Lightning's ``ModelCheckpoint`` would keep it on this rank.
-
-Under a vote policy the callback's visible state mirrors rank 0's bookkeeping on every rank, while each rank votes
-against the top-k that stock Lightning would have recorded on it. :class:`LocalTopK` is that private view: this
-rank's own scores, evicted by this rank's own ordering, keyed by save order.
-"""
+"""This rank's own top-k, kept exactly as stock ``ModelCheckpoint`` would keep it on this rank, to vote with."""
 
 from collections.abc import Iterator
 from contextlib import contextmanager

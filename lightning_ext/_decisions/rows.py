@@ -1,27 +1,4 @@
-"""One decision's observations packed into one small row of numbers, and the reduced row read back.
-
-Pure functions, no communication. Every rank packs (:func:`pack`) what it observed; the collective reduces the rows
-element by element (``sum`` or ``max``, as the :class:`RowLayout` says); every rank reads the same reduced row back
-(:func:`unpack`) into the same :class:`Agreement`. :func:`combine` is that reduction done in one process: the
-definition the collective must match, used by the tests.
-
-The row is kept as short as the policy allows, because a gloo all-reduce gets slower with every element:
-
-* vote policies: one int64 word (sum) holding, in base ``world_size + 1``, how many ranks have the metric, voted yes,
-  failed, saw a non-finite value, and rank 0's vote; plus, with ``with_reference``, the bits of rank 0's value
-  (other ranks add 0, so the sum is rank 0's bits exactly);
-* ``mean``: float64 sum of [present count (+ failures, + rank 0's extras mask), value];
-* ``min``/``max``: int64 max of [flags, order-preserving key of the value] (``min`` sends the key of ``-value``).
-
-Each metric of a checkpoint file-name template adds one element carrying rank 0's value (``extras``).
-
-Example:
-    >>> layout = RowLayout("mean", world_size=2)
-    >>> rows = [pack(layout, Observation(1.0), rank=0), pack(layout, Observation(2.0), rank=1)]
-    >>> unpack(layout, combine(layout, rows)).value
-    1.5
-
-"""
+"""One decision's observations packed into one small row of numbers, and the reduced row read back; pure."""
 
 import functools
 import math
@@ -159,7 +136,15 @@ def pack(layout: RowLayout, observation: Observation, *, rank: int) -> list[Numb
 
 
 def combine(layout: RowLayout, rows: list[list[Number]]) -> list[Number]:
-    """Reduce the rows of all ranks in one process, exactly as the collective does (element-wise sum or max)."""
+    """Reduce the rows of all ranks in one process, exactly as the collective does (element-wise sum or max).
+
+    Example:
+        >>> layout = RowLayout("mean", world_size=2)
+        >>> rows = [pack(layout, Observation(1.0), rank=0), pack(layout, Observation(2.0), rank=1)]
+        >>> unpack(layout, combine(layout, rows)).value
+        1.5
+
+    """
     reduce = max if layout.op == "max" else sum
     return [reduce(column) for column in zip(*rows, strict=True)]
 

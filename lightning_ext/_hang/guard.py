@@ -1,12 +1,4 @@
-"""``HangGuard``: the strategy's hang-proofing, started at set-up and stopped at teardown.
-
-It owns this rank's :class:`~lightning_ext._hang.lockstep.Lockstep` (the checks, on their own gloo group), its
-:class:`~lightning_ext._hang.watchdog.Watchdog`, and switches on the logging checks (:mod:`lightning_ext._hang.logs`)
-and the batch-count checks (:mod:`lightning_ext._hang.loaders`). The strategy's ``reduce``, ``barrier``, ``broadcast``
-and ``all_gather`` ask it to check first; when a fit/validate/test fails on a rank, :meth:`HangGuard.on_failure`
-posts the error for the other ranks (their watchdogs abort what the backend can abort), so every rank ends with the
-same error.
-"""
+"""``HangGuard``: the hang checks of one rank during one run, started at set-up and stopped at teardown."""
 
 import contextlib
 import sys

@@ -1,17 +1,4 @@
-"""What the hang checks' seams in Lightning do: called by a patched Lightning and by the runtime wrappers alike.
-
-The hang checks (:mod:`lightning_ext._hang.logs`, :mod:`lightning_ext._hang.loaders`) need to hear from six places
-inside Lightning: a logged value's step sync (``_ResultMetric.forward``) and epoch sync (``_ResultMetric.compute``),
-the start of an epoch's syncs (``_ResultCollection.metrics``), the start of a batch (``_LoggerConnector
-.on_batch_start``), the batch counts once known (``_FitLoop.setup_data``, ``_EvaluationLoop.setup_data`` and its
-``max_batches``), and each fetch from a loader without length (``_PrefetchDataFetcher.__next__``).
-
-A patched Lightning (``patches/``, the hang-check patch) keeps a module-level ``_lightning_ext_hooks`` in each of
-those modules: ``None``, unless lightning-ext set it to this module (:func:`lightning_ext.strategies._runtime.install`).
-The patched method then calls the function here of the same purpose, with its own stock body where the seam surrounds
-it. The runtime wrappers (:mod:`lightning_ext.strategies._runtime`) call the same functions, so both ways behave alike.
-Every function falls through to the stock behaviour when no strategy's checks are running.
-"""
+"""What the hang checks' seams in Lightning call: a patched Lightning and the runtime wrappers alike."""
 
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext

@@ -1,19 +1,4 @@
-"""Checks on how many batches each rank runs: the commonest cause of DDP hangs (Lightning #3325).
-
-A rank with more batches than the others runs a step that the others never join: its gradient all-reduce, its
-synced ``self.log`` or its checkpoint decision waits forever. So before each epoch (each training epoch, each
-validation or test run) the ranks compare their batch counts, one check per stage, as Lightning counts them
-(``limit_*_batches`` applied; recomputed when a loader is reloaded). Where they differ:
-
-* ``uneven_batches="error"`` (default): every rank raises :class:`~lightning_ext.errors.UnevenBatchesError` naming
-  the dataloader and each rank's count;
-* ``uneven_batches="truncate"``: every rank stops the epoch at the shortest rank's count (no sample is repeated,
-  nothing hangs), and rank 0 warns how many batches were dropped on which rank.
-
-Loaders without a length are compared per step instead (``check_unsized_loaders=True``, opt-in: it costs one small
-check per step): the ranks agree after every fetch whether this was anyone's last batch, so the error or the
-truncation happens when the first rank runs out.
-"""
+"""Checks on how many batches each rank runs: the commonest cause of DDP hangs (Lightning #3325)."""
 
 import math
 import weakref

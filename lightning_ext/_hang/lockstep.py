@@ -1,23 +1,4 @@
-"""Lockstep: every rank must pass the same checkpoints in the same order; the first difference is an error.
-
-lightning-ext puts a *check* in front of each collective that a rank could reach alone (a synced ``self.log``, a
-barrier, a broadcast, an epoch's batch counts, ...). A check is one all-to-all on a separate gloo group: each rank
-sends ``f``, a 62-bit fingerprint of what it is about to do, to every rank, in a single round of messages (as cheap
-as Lightning's barrier, which it replaces). Every rank receives the same row of every rank's ``f``, so every rank
-reaches the same verdict: the ranks agree exactly when the row holds one value. Then:
-
-* **they agree**: the collective it guards runs as usual;
-* **they differ**: the ranks gather what each was doing (the error path only) and raise the same error, which
-  names every rank's point;
-* **some rank never arrives** (it went on into another collective, e.g. DDP's gradient all-reduce): after a couple
-  of seconds one waiting rank asks every rank's watchdog where it is. A rank that sits, unchanged, in another
-  blocking call cannot come (it waits for us, we wait for it): that is a deadlock, reported like a divergence. The
-  waiting rank posts the error and raises it. The blocked ranks' watchdogs complete the check for them (so no rank
-  keeps a pending check); NCCL ranks abort their blocked collective at once, gloo ranks fail in it as soon as the
-  waiting rank's process ends, and they raise the same error. A rank that is merely slow is waited for.
-
-A check where every rank agrees costs one small collective and no store traffic.
-"""
+"""Lockstep: every rank must pass the same checks in the same order; the first difference is an error."""
 
 import dataclasses
 import functools

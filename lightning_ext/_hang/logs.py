@@ -1,19 +1,4 @@
-"""Checks on synced logging: the same keys, synced in the same order, on every rank, before Lightning syncs them.
-
-Lightning syncs a logged value with ``strategy.reduce``: a step value inside ``self.log``, an epoch value when the
-epoch's metrics are computed. A ``self.log(..., sync_dist=True)`` under ``if self.trainer.is_global_zero:`` leaves
-rank 0 alone in that collective; a ``log_dict`` whose keys differ by rank pairs one rank's key with another's.
-
-* **Step values**: each sync passes a check (:mod:`lightning_ext._hang.lockstep`) naming the key, the hook and where it
-  was logged. Lightning's ``_sync_ddp`` runs a barrier before its all-reduce; the check is that barrier (every rank
-  arrived, at the same key), so Lightning's barrier is skipped for that call: no extra collective.
-* **Epoch values**: before the first epoch-level value of a round is computed, one check covers every key that is
-  about to sync (tensors with ``sync_dist=True`` and torchmetrics metrics, whose own sync is not Lightning's), in
-  order. The per-key syncs inside that round then skip Lightning's barrier too.
-
-The seams in :mod:`lightning_ext.strategies._runtime` tell this module which logged metric is syncing (:func:`syncing`)
-and when an epoch round starts (:func:`epoch_round`); the strategy's ``reduce`` asks :func:`point_for_reduce`.
-"""
+"""Checks on synced logging: the same keys, synced in the same order, on every rank, before Lightning syncs them."""
 
 import sys
 from collections.abc import Iterator

@@ -1,9 +1,4 @@
-"""The error messages of lightning-ext's checks: what differs between the ranks, where, and what to change.
-
-Pure functions: every rank builds the same message from the same gathered points, so every rank raises the same
-text. Each message names the culprit (the dataloader and each rank's batch count; the logged key, the hook and the
-ranks that did and did not log it; the collective call and the rank that skipped it) and ends with the fix.
-"""
+"""The hang checks' error messages: what differs between the ranks, where, and the fix; pure."""
 
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any

@@ -1,17 +1,4 @@
-"""A per-rank watchdog thread: it reports where its rank is stuck, and delivers another rank's error.
-
-A rank blocked inside a collective cannot say anything: its training thread sits in C++ until a peer arrives. So
-each rank runs a small daemon thread, blocked in the process group's store on its own mailbox (no CPU, no
-collective, nothing per step). Two kinds of mail reach it:
-
-* a *location query*, from a rank that has waited too long in a check: the thread answers with a snapshot of its
-  training thread (its Python stack, whether it sits in a ``torch.distributed`` call or in ``backward``, and the
-  check lightning-ext says it is in), so the waiting rank can tell "slow" from "gone elsewhere";
-* an *error*, posted by a rank that failed or that proved a deadlock: the thread records it (the training thread
-  raises it as soon as it can) and aborts this rank's pending collectives where the backend allows (NCCL).
-
-The error board is one store key, written once (the first error wins), so every rank reports the same error.
-"""
+"""A per-rank watchdog thread: it reports where its rank is stuck, and delivers another rank's error."""
 
 import atexit
 import contextlib

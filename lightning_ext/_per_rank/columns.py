@@ -1,20 +1,4 @@
-"""The long table's columns, filled rank after rank in place, in memory close to the table's own size.
-
-Each column is one array with some room to spare, grown by a quarter when full (one column copied at a time) and cut
-to its rows at the end without a copy (``ndarray.resize``), so the reader never holds the rows twice. A metric that
-appears in a later file gets its column then, missing (NaN) on the rows before.
-
-Example:
-    >>> columns = Columns()
-    >>> columns.append(0, {"step": [np.array([0]), np.array([1])], "loss": [np.array([0.5, 0.25])]})
-    >>> columns.append(1, {"step": [np.array([0])], "acc": [np.array([1.0])]})
-    >>> columns.frame(["acc", "loss"])
-       rank  step  epoch  acc  loss
-    0     0     0   <NA>  NaN  0.50
-    1     0     1   <NA>  NaN  0.25
-    2     1     0   <NA>  1.0   NaN
-
-"""
+"""The long table's columns, filled rank after rank in place, in memory close to the table's own size."""
 
 from typing import Any
 
@@ -35,6 +19,17 @@ class Columns:
 
     ``rank`` and ``step`` are int64; ``epoch`` is int64 values with a mask of the missing ones (the parts of a
     nullable Int64 column); the metrics are float64, NaN where a file lacks them.
+
+    Example:
+        >>> columns = Columns()
+        >>> columns.append(0, {"step": [np.array([0]), np.array([1])], "loss": [np.array([0.5, 0.25])]})
+        >>> columns.append(1, {"step": [np.array([0])], "acc": [np.array([1.0])]})
+        >>> columns.frame(["acc", "loss"])
+           rank  step  epoch  acc  loss
+        0     0     0   <NA>  NaN  0.50
+        1     0     1   <NA>  NaN  0.25
+        2     1     0   <NA>  1.0   NaN
+
     """
 
     def __init__(self) -> None:

@@ -1,22 +1,4 @@
-"""The per-rank ``metrics.csv`` format: rows encoded as stock Lightning does, and a file's bytes parsed and checked.
-
-Both sides of :mod:`lightning_ext.rank_metrics` use these, so that what the writer writes is exactly what the reader
-accepts. Data rows hold numbers only, so each is one line; only metric names in the header may be quoted and span
-lines. Every error names the file, and the line (and column) where it applies.
-
-Two names are reserved: ``step`` (the writer's own column) and ``rank`` (the column the reader adds). A metric with one
-of these names is written under :data:`ESCAPE` + its name (``metric:rank``); so is a name that already starts with
-:data:`ESCAPE`, so that no two metrics ever share a column.
-
-Example:
-    >>> encode_rows(["loss", "step"], [{"loss": 0.5, "step": 0}, {"step": 1}], header=True)
-    b'loss,step\\r\\n0.5,0\\r\\n,1\\r\\n'
-    >>> split_header('"a,\\nb",step\\r\\n1,0\\r\\n', "f.csv")
-    (['a,\\nb', 'step'], '1,0\\r\\n', 3)
-    >>> [column_name(name) for name in ("loss", "rank", "step", "metric:x")]
-    ['loss', 'metric:rank', 'metric:step', 'metric:metric:x']
-
-"""
+"""The per-rank ``metrics.csv`` format: rows encoded as stock Lightning does, and a file's bytes parsed and checked."""
 
 import csv
 import io
@@ -59,7 +41,13 @@ Cell = int | float | str
 
 
 def column_name(name: str) -> str:
-    """The column a metric is written under: its name, or ``metric:`` + a reserved name (or one starting so)."""
+    """The column a metric is written under: its name, or ``metric:`` + a reserved name (or one starting so).
+
+    Example:
+        >>> [column_name(name) for name in ("loss", "rank", "step", "metric:x")]
+        ['loss', 'metric:rank', 'metric:step', 'metric:metric:x']
+
+    """
     if name in RESERVED or name.startswith(ESCAPE):
         return ESCAPE + name
     return name
@@ -69,6 +57,11 @@ def encode_rows(fieldnames: Sequence[str], rows: Sequence[Mapping[str, Cell]], *
     """``rows`` as ``csv.DictWriter`` writes them (excel dialect, empty cells for missing names), in UTF-8.
 
     Every key of every row must be in ``fieldnames`` (``DictWriter`` would raise; here the writer guarantees it).
+
+    Example:
+        >>> encode_rows(["loss", "step"], [{"loss": 0.5, "step": 0}, {"step": 1}], header=True)
+        b'loss,step\\r\\n0.5,0\\r\\n,1\\r\\n'
+
     """
     buffer = io.StringIO()
     writer = csv.writer(buffer)
@@ -88,7 +81,13 @@ def decode(data: bytes, where: str, first_line: int = 1) -> str:
 
 
 def split_header(text: str, where: str) -> tuple[list[str], str, int]:
-    """The header's names (``[]`` for an empty file), the text after it, and the line number where that starts."""
+    """The header's names (``[]`` for an empty file), the text after it, and the line number where that starts.
+
+    Example:
+        >>> split_header('"a,\\nb",step\\r\\n1,0\\r\\n', "f.csv")
+        (['a,\\nb', 'step'], '1,0\\r\\n', 3)
+
+    """
     stream = io.StringIO(text, newline="")
     reader = csv.reader(stream, strict=True)
     try:

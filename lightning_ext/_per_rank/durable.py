@@ -1,21 +1,4 @@
-"""Crash-safe operations on small append-only files: appends, atomic replacement, torn-tail repair.
-
-What each operation guarantees if the process dies part-way (``SIGKILL``, ``os._exit``, an exception):
-
-* :func:`append_all`: the bytes are handed to the kernel with one ``os.write`` on an ``O_APPEND`` descriptor, so a
-  crash leaves either nothing or a prefix of them (normally all of them: the page cache survives ``SIGKILL``). There
-  is no ``fsync`` per append, which would cost a disk flush per call.
-* :func:`replace_atomically`: the file holds either its old content or the new one, never a mix; the new content
-  is ``fsync``-ed before the rename, and :func:`fsync_directory` afterwards makes the rename itself durable.
-* :func:`complete_prefix_length`: where a file's last complete line ends, to cut off a torn last line.
-
-Example:
-    >>> complete_prefix_length(b"a,step\\r\\n1,0\\r\\n2,")
-    13
-    >>> complete_prefix_length(b"a,step\\r\\n")
-    8
-
-"""
+"""Crash-safe operations on small append-only files: appends, atomic replacement, torn-tail repair."""
 
 import contextlib
 import os
@@ -96,5 +79,12 @@ def complete_prefix_length(data: bytes) -> int:
     """The length of the part of ``data`` that ends with a complete line (0 if no line is complete).
 
     Anything after the last ``\\n`` is a line that a write cut short.
+
+    Example:
+        >>> complete_prefix_length(b"a,step\\r\\n1,0\\r\\n2,")
+        13
+        >>> complete_prefix_length(b"a,step\\r\\n")
+        8
+
     """
     return data.rfind(b"\n") + 1

@@ -1,25 +1,4 @@
-"""The rows of a per-rank file parsed fast (pyarrow's CSV reader, else pandas' C parser), with the exact checks kept.
-
-A per-rank file's data rows hold numbers only, one row per line. The fast path hands the data lines to the engine,
-which counts the fields of every row (pyarrow does; for pandas, :func:`_pandas` checks them) and converts the
-cells: ``step`` to int64 (and ``epoch``, with pyarrow; NaN where missing), the other columns to float64. Anything
-unusual sends the file down the exact path instead, the row-by-row checks of :mod:`lightning_ext._per_rank.csv_format`
-(:func:`parse_exact`), which name the file, line and column of a problem: a quote anywhere in the data (quoting is
-for names), a row of another length, a cell the engine cannot convert, a NaN spelled otherwise than ``nan``
-(pyarrow reads ``-nan``, pandas does not), or, found by the caller's checks of ``step``, a blank line (the engines
-read it as a row of missing cells). So both engines return the same arrays and raise the same errors; only the
-time differs. Only the columns asked for are converted, and only their cells are checked to be numbers.
-
-Example:
-    >>> split = split_file(b"loss,step\\r\\n0.5,0\\r\\n,1\\r\\n", "f.csv")
-    >>> split.header, split.first_line
-    (['loss', 'step'], 2)
-    >>> [column.tolist() for column in parse(split, ["step", "loss"], "pandas")]
-    [[0, 1], [0.5, nan]]
-    >>> [column.tolist() for column in parse_exact(split, ["step", "loss"])]
-    [[0, 1], [0.5, nan]]
-
-"""
+"""The rows of a per-rank file parsed fast (pyarrow, else pandas' C parser), with the exact checks kept."""
 
 import importlib.util
 import io
@@ -85,6 +64,15 @@ def split_file(data: bytes, where: str) -> SplitFile:
 
     Raises:
         RankMetricsError: the header is not UTF-8 or not readable as CSV.
+
+    Example:
+        >>> split = split_file(b"loss,step\\r\\n0.5,0\\r\\n,1\\r\\n", "f.csv")
+        >>> split.header, split.first_line
+        (['loss', 'step'], 2)
+        >>> [column.tolist() for column in parse(split, ["step", "loss"], "pandas")]
+        [[0, 1], [0.5, nan]]
+        >>> [column.tolist() for column in parse_exact(split, ["step", "loss"])]
+        [[0, 1], [0.5, nan]]
 
     """
     complete = data.rfind(b"\n") + 1

@@ -1,11 +1,4 @@
-"""Finding every rank's file, its parts and its incomplete-marker under a log directory, on any fsspec filesystem.
-
-One listing (a glob) finds them all: for the template ``rank_{rank}/metrics.csv``, ``rank_<r>/metrics.csv`` (the
-file), ``rank_<r>/metrics.csv.part-<token>-<n>`` (parts on object stores, see
-:mod:`lightning_ext._per_rank.parted_file`), ``rank_<r>/metrics.csv.incomplete`` and ``rank_<r>_metrics.csv.incomplete``
-(markers, see :mod:`lightning_ext._per_rank.markers`), and ``rank_<r>/metrics.csv.<n>`` (files an earlier run left,
-moved aside by the writer). A rank is spelled as Python writes an int: ``rank_01`` is not rank 1's.
-"""
+"""Every rank's file, parts, incomplete-marker and earlier runs' files under a log directory, in one listing."""
 
 import os
 import re

@@ -1,23 +1,4 @@
-"""Every logged metric's local (un-synced) value, captured beside the synced one Lightning logs.
-
-Lightning keeps a logged value in a ``_ResultMetric``. The epoch sum is accumulated locally and synced inside
-``compute()`` on a copy, so it stays local. Two things do not: the step value is synced inside ``update()``, and the
-batch-size count of a mean is synced *in place* by ``compute()``. So after every ``update()`` this module records
-the step value as logged and a copy of the count (:func:`record_update`). A ``torchmetrics.Metric`` is computed
-locally with its ``_computed`` cache set aside and restored, so the synced value that rank 0 logs and callbacks
-monitor is untouched.
-
-When a row is about to be logged, :func:`local_values_for` pairs each of its keys with the result metric it came
-from, by the same forked names Lightning builds, and reads that metric's local value where it differs from the
-logged one. What each result metric needs is worked out once and cached on it (its metadata cannot change: Lightning
-refuses a second ``self.log`` of the same name with other arguments). All of it sits in one plain object in the
-result metric's ``__dict__``, which ``_ResultMetric.to`` (called on every ``self.log``) passes over as it is, where
-a tensor or a tuple there would be moved or rebuilt each time. Nothing here communicates.
-
-Capture is off unless a strategy turned it on with :func:`start_capture`, so stock runs pay one flag check per
-``self.log`` call. A failure while capturing switches capture off and is kept for the per-rank logger
-(:func:`capture_error`), which reports it once; it never reaches the training step.
-"""
+"""Every logged metric's local (un-synced) value, captured beside the synced one Lightning logs."""
 
 import sys
 from dataclasses import dataclass

@@ -1,23 +1,4 @@
-"""Per-rank metrics: a Lightning logger that writes each rank's local values to ``<log_dir>/rank_<r>/metrics.csv``.
-
-``RankCSVLogger`` receives exactly the rows the trainer's loggers receive: the same keys, the same steps, the same
-``epoch`` column. Before each row is written, every synced value is swapped for its local counterpart
-(:mod:`lightning_ext._per_rank.local_values`). Values that exist on rank 0 only (``rank_zero_only=True``) are left out
-of the other ranks' files. The file format, buffering and crash safety are those of
-:class:`~lightning_ext.rank_metrics.RankMetricsWriter`.
-
-Per-rank files are a diagnostic, so they never end or stall a run: any error while capturing, computing or writing a
-rank's row (a full or unwritable disk, a ``torchmetrics`` ``compute()`` that fails locally) gives one
-:class:`~lightning_ext.rank_metrics.RankMetricsWarning` on that rank, naming the file and the error. That rank's
-output then stops for the rest of the process (what was buffered is still written if it can be), its file is marked
-incomplete (:mod:`lightning_ext._per_rank.markers`), and training and the other ranks' files go on. No collective is
-involved, so no other rank waits.
-
-Where the trainer has loggers, this logger is appended to ``trainer.loggers`` for the run, so it also sees rows that
-callbacks send to every logger (``LearningRateMonitor``). Where it has none, the logger connector's seam adds it for
-each ``log_metrics`` call only, so nothing else changes (``trainer.logger`` stays ``None``). The directory is agreed
-at set-up, within the strategy's one set-up exchange.
-"""
+"""``RankCSVLogger``: the logger that writes each rank's local values to its own file; it never stops a run."""
 
 import atexit
 import contextlib

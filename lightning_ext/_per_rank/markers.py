@@ -1,19 +1,4 @@
-"""The marker of a per-rank file that stopped early: a small JSON file written beside it, atomically.
-
-When a rank's per-rank output fails (a full or unwritable disk, a value that cannot be computed), the per-rank logger
-stops writing and records why in ``<file>.incomplete`` (``rank_1/metrics.csv.incomplete``). If that cannot be
-written (the rank's directory is unwritable, or a file stands where it should be), it tries ``<log_dir>/<file with
-'/' as '_'>.incomplete`` (``rank_1_metrics.csv.incomplete``). The CSV file itself stays in the stock format, so
-``pandas.read_csv`` and other tools still read it; :func:`lightning_ext.rank_metrics.read_rank_metrics` warns about a
-marked rank and :func:`lightning_ext.rank_metrics.incomplete_ranks` lists them.
-
-Example:
-    >>> marker_locations("logs", "rank_{rank}/metrics.csv", 1)
-    ('logs/rank_1/metrics.csv.incomplete', 'logs/rank_1_metrics.csv.incomplete')
-    >>> describe({"reason": "OSError: disk full", "rows_written": 3, "last_step": 2})
-    'stopped early after 3 row(s), the last at step 2: OSError: disk full'
-
-"""
+"""The marker of a per-rank file that stopped early: a small JSON file written beside it, atomically."""
 
 import contextlib
 import datetime
@@ -41,7 +26,13 @@ FORMAT = "lightning-ext per-rank metrics incomplete/1"
 
 
 def marker_locations(log_dir: str, filename: str, rank: int) -> tuple[str, str]:
-    """The marker beside the rank's file, and the fallback in the log directory itself (the same if no ``/``)."""
+    """The marker beside the rank's file, and the fallback in the log directory itself (the same if no ``/``).
+
+    Example:
+        >>> marker_locations("logs", "rank_{rank}/metrics.csv", 1)
+        ('logs/rank_1/metrics.csv.incomplete', 'logs/rank_1_metrics.csv.incomplete')
+
+    """
     relative = filename.replace("{rank}", str(rank))
     return join(log_dir, relative + SUFFIX), join(log_dir, relative.replace("/", "_") + SUFFIX)
 
@@ -111,7 +102,13 @@ def parse_marker(data: bytes, where: str) -> dict[str, Any]:
 
 
 def describe(record: dict[str, Any]) -> str:
-    """One line: how many rows were written, the last step, and why the rank stopped."""
+    """One line: how many rows were written, the last step, and why the rank stopped.
+
+    Example:
+        >>> describe({"reason": "OSError: disk full", "rows_written": 3, "last_step": 2})
+        'stopped early after 3 row(s), the last at step 2: OSError: disk full'
+
+    """
     rows, last = record.get("rows_written"), record.get("last_step")
     written = "" if rows is None else f" after {rows} row(s)" + ("" if last is None else f", the last at step {last}")
     return f"stopped early{written}: {record.get('reason', 'no reason recorded')}"

@@ -1,29 +1,4 @@
-"""A per-rank file on a filesystem without append, rename or ``fsync`` (object stores): one part object per flush.
-
-Every flush writes a new, complete CSV object next to the file, ``<file>.part-<token>-<n>`` (its own header, the
-flushed rows; ``<n>`` counts from 1). :meth:`PartedFile.close` merges the file and its parts into ``<file>`` (one read
-of each, one write) and then deletes the parts. ``<token>`` is a digest of the file's bytes when the parts were
-started, so parts already merged into the file are never counted twice: readers (:func:`read_chunks`) take the file
-plus the parts whose token is the digest of that file, in order. A merge that wrote the file and died before its
-deletes leaves stale parts that nothing reads; the next writer removes them.
-
-Example:
-    >>> import fsspec
-    >>> fs = fsspec.filesystem("memory")
-    >>> file = PartedFile(fs, "/doc/metrics.csv", "memory:///doc/metrics.csv")
-    >>> file.start(None).rows
-    0
-    >>> file.write(["loss", "step"], [{"loss": 0.5, "step": 0}], new_header=True)
-    >>> [name.rsplit("/", 1)[1] for name in fs.find("/doc")]  # token: the digest of no file yet
-    ['metrics.csv.part-e4a6a0577479b2b4-00000001']
-    >>> hashlib.blake2b(b"", digest_size=8).hexdigest()
-    'e4a6a0577479b2b4'
-    >>> file.close()
-    >>> fs.cat_file("/doc/metrics.csv")
-    b'loss,step\\r\\n0.5,0\\r\\n'
-    >>> fs.rm("/doc", recursive=True)
-
-"""
+"""A per-rank file on a filesystem without append, rename or ``fsync`` (object stores): one part per flush."""
 
 import contextlib
 import hashlib
@@ -43,7 +18,25 @@ _PART = re.compile(r"\.part-([0-9a-f]{16})-([0-9]+)$")
 
 
 class PartedFile:
-    """A file on a filesystem without append or rename: one new part object per flush, merged on close."""
+    """A file on a filesystem without append or rename: one new part object per flush, merged on close.
+
+    Example:
+        >>> import fsspec
+        >>> fs = fsspec.filesystem("memory")
+        >>> file = PartedFile(fs, "/doc/metrics.csv", "memory:///doc/metrics.csv")
+        >>> file.start(None).rows
+        0
+        >>> file.write(["loss", "step"], [{"loss": 0.5, "step": 0}], new_header=True)
+        >>> [name.rsplit("/", 1)[1] for name in fs.find("/doc")]  # token: the digest of no file yet
+        ['metrics.csv.part-e4a6a0577479b2b4-00000001']
+        >>> hashlib.blake2b(b"", digest_size=8).hexdigest()
+        'e4a6a0577479b2b4'
+        >>> file.close()
+        >>> fs.cat_file("/doc/metrics.csv")
+        b'loss,step\\r\\n0.5,0\\r\\n'
+        >>> fs.rm("/doc", recursive=True)
+
+    """
 
     def __init__(self, fs: AbstractFileSystem, path: str, where: str) -> None:
         self.where = where

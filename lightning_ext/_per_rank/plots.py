@@ -1,22 +1,4 @@
-"""Per-rank plots that stay readable at any number of ranks: curves or percentile bands, and a ranks x steps heatmap.
-
-One row of two panels per metric, both built on each rank's robust z-score against the other ranks at the same step
-(:func:`step_z`: ``0.6745 (x - median) / MAD`` per step, as :func:`lightning_ext.rank_spread.robust_z` defines it).
-
-* Left: up to :data:`LINES` ranks, one line each. Beyond that, the median across ranks at each step, the 25-75th and
-  5-95th percentile bands, and as labelled lines the ranks furthest from the others over the run: the largest mean
-  ``|z|`` over their steps (each ``|z|`` capped at 20, so one spike does not decide), among those whose mean is 2 or
-  more (beyond the usual spread), at most ``top`` of them. Curves longer than :data:`CURVE_POINTS` steps are drawn as
-  means over runs of steps.
-* Right: the z-scores as an image, a row per rank and a column per step, coloured by bands of ``|z|`` (white below
-  2; then 2-3.5, 3.5-5 (an outlier by the usual rule), 5-10, 10 and more; red above the median, blue below), grey
-  where a rank has no value: a straggler's row goes grey early, a diverging rank's row turns red or blue. Beyond
-  :data:`HEATMAP_ROWS` ranks or :data:`HEATMAP_COLUMNS` steps a cell holds several: the mean over its steps, then the
-  rank furthest from 0 (grey if any of its ranks has no value), so one odd rank among thousands still shows.
-
-Drawn on matplotlib's Agg canvas directly, so that pyplot's global backend and figure registry stay untouched;
-matplotlib is imported only when a plot is drawn.
-"""
+"""Per-rank plots readable at any number of ranks: curves or percentile bands, and a ranks x steps heatmap."""
 
 import warnings
 from collections.abc import Sequence

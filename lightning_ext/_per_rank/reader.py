@@ -1,13 +1,4 @@
-"""Every rank's file read into one table: in batches, in bounded memory, only what was asked for, with a report.
-
-:func:`read_table` does the work of :func:`lightning_ext.rank_metrics.read_rank_metrics` and the ``lightning-ext
-ranks`` command. Files are read in the table's order (rank, then file and parts); each is parsed (see
-:mod:`lightning_ext._per_rank.fast_csv`), checked, cut to the step range, and written straight into the table's columns
-(:mod:`lightning_ext._per_rank.columns`), so the rows are never held twice. What was noticed on the way
-(incomplete ranks, torn lines, files skipped) goes into a :class:`ReadReport`, filled as it is found, so the caller
-has it even when an error ends the read; whether the files come from one run is checked by
-:mod:`lightning_ext._per_rank.run_check`.
-"""
+"""Every rank's file read into one table: in order, in bounded memory, only what was asked for, with a report."""
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field

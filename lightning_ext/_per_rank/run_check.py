@@ -1,24 +1,4 @@
-"""Whether the per-rank files under a log directory come from one run; a clear refusal when they do not.
-
-A directory that mixes runs (a rank's file left by an earlier run with more ranks, a file copied in from another
-run) would be summarized as if all ranks ran together. Three rules, each from evidence that one run cannot produce
-(``docs/per-rank-metrics.md``, "A mix of runs"):
-
-1. **Moved-aside files.** A writer that finds a rank's file from an earlier run moves it to ``<file>.<n>``. Every rank
-   of one run starts its writer in the same directory, so all of them find the same number of earlier runs. Ranks
-   whose highest ``<n>`` differs (``rank_0/metrics.csv.1`` but no ``rank_5/metrics.csv.1``) hold files of different
-   runs.
-2. **No metric in common.** Every rank of one run logs the same names (rank 0 may add ``rank_zero_only`` ones, a rank
-   that stopped early may lack later ones). A file with rows whose metrics share none with the most common set of
-   metrics is another run's.
-3. **Another first step.** Every rank of one run logs its first row at the same step (a resumed run keeps the earlier
-   rows). A file whose first step differs from the most common first step is another run's.
-
-Example:
-    >>> rank_ranges([0, 1, 2, 3, 7, 9, 10])
-    '0-3, 7, 9-10'
-
-"""
+"""Whether the per-rank files under a log directory come from one run (``docs/per-rank-metrics.md``)."""
 
 from collections import Counter
 from collections.abc import Iterable, Mapping
@@ -48,7 +28,13 @@ class RankInfo:
 
 
 def rank_ranges(ranks: Iterable[int]) -> str:
-    """Ranks written compactly, runs of consecutive ranks as ``a-b``."""
+    """Ranks written compactly, runs of consecutive ranks as ``a-b``.
+
+    Example:
+        >>> rank_ranges([0, 1, 2, 3, 7, 9, 10])
+        '0-3, 7, 9-10'
+
+    """
     ordered = sorted(set(ranks))
     parts: list[str] = []
     start = previous = None

@@ -1,7 +1,4 @@
-"""The numbers behind :mod:`lightning_ext.rank_spread`: one value per rank, a robust z-score, a summary at any scale.
-
-Pure pandas and NumPy, no plotting; :mod:`lightning_ext._per_rank.plots` draws from the same numbers.
-"""
+"""The numbers behind ``rank_spread``: one value per rank, a robust z-score, a summary at any scale; pure."""
 
 from collections.abc import Sequence
 from dataclasses import dataclass

@@ -1,21 +1,4 @@
-"""The summary across ranks (:func:`lightning_ext.rank_spread.summarize_ranks`) as text, JSON records or CSV.
-
-Text: one table of statistics per metric, then one of the ranks furthest from the median (``*`` marks ``|z| > 3.5``),
-6 significant digits. JSON: finite numbers as numbers, NaN as ``null``, infinities as the strings ``"inf"`` and
-``"-inf"`` (strict JSON has no NaN or infinity). CSV: one row per metric, every number exact (``repr``), empty for
-NaN, the furthest ranks as ``furthest_<i>_rank``, ``_value``, ``_step``, ``_robust_z`` columns.
-
-Example:
-    >>> spread = MetricSpread("loss", 3, (), 1.0, 1.0, 9.0, 8.0, 0.0, "mean absolute deviation",
-    ...                       (RankValue(2, 9.0, 10, 2.3937),))
-    >>> print(furthest_table([spread]))
-    metric  rank  value  step  robust z
-    loss       2      9    10     +2.39
-    >>> print(spreads_csv([spread], top=1), end="")
-    metric,ranks,missing_ranks,min,median,max,spread,mad,z_scale,furthest_1_rank,furthest_1_value,furthest_1_step,furthest_1_robust_z
-    loss,3,,1.0,1.0,9.0,8.0,0.0,mean absolute deviation,2,9.0,10,2.3937
-
-"""
+"""The summary across ranks as text, JSON records or CSV."""
 
 import csv
 import io
@@ -91,7 +74,19 @@ def spread_records(spreads: list[MetricSpread]) -> list[dict[str, Any]]:
 
 
 def spreads_csv(spreads: list[MetricSpread], *, top: int) -> str:
-    """One CSV row per metric, with ``top`` groups of ``furthest_<i>_*`` columns (empty where there are fewer)."""
+    """One CSV row per metric, with ``top`` groups of ``furthest_<i>_*`` columns (empty where there are fewer).
+
+    Example:
+        >>> spread = MetricSpread("loss", 3, (), 1.0, 1.0, 9.0, 8.0, 0.0, "mean absolute deviation",
+        ...                       (RankValue(2, 9.0, 10, 2.3937),))
+        >>> print(furthest_table([spread]))
+        metric  rank  value  step  robust z
+        loss       2      9    10     +2.39
+        >>> print(spreads_csv([spread], top=1), end="")
+        metric,ranks,missing_ranks,min,median,max,spread,mad,z_scale,furthest_1_rank,furthest_1_value,furthest_1_step,furthest_1_robust_z
+        loss,3,,1.0,1.0,9.0,8.0,0.0,mean absolute deviation,2,9.0,10,2.3937
+
+    """
     text = io.StringIO()
     writer = csv.writer(text, lineterminator="\n")
     furthest = [f"furthest_{i}_{what}" for i in range(1, top + 1) for what in ("rank", "value", "step", "robust_z")]

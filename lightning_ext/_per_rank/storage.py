@@ -1,18 +1,4 @@
-"""Where a per-rank metrics file lives (a path or an fsspec URL), and the local file written durably.
-
-:class:`LocalFile` (a plain path or a ``file://`` URL) appends each flush with one ``os.write`` on an ``O_APPEND``
-descriptor and rewrites the file atomically (temporary file, ``fsync``, rename) when the header grows; see
-:mod:`lightning_ext._per_rank.durable`. Other filesystems get :class:`lightning_ext._per_rank.parted_file.PartedFile`. A
-storage has ``start`` (rotate or resume what is there), ``write`` (one flush), ``settle`` (make the last rename durable,
-once the writer counted the rows), ``close`` and ``discard``.
-
-Example:
-    >>> join("s3://bucket/logs", "rank_0/metrics.csv")
-    's3://bucket/logs/rank_0/metrics.csv'
-    >>> split_location("file:///tmp/x.csv")[1:]
-    ('/tmp/x.csv', True)
-
-"""
+"""Where a per-rank file lives (a path or an fsspec URL), and the local file written durably."""
 
 import contextlib
 import os
@@ -72,7 +58,13 @@ class Start:
 
 
 def split_location(location: str | os.PathLike[str]) -> tuple[AbstractFileSystem, str, bool]:
-    """``(filesystem, path on it, is local)``; a plain path stays as given (relative paths stay relative)."""
+    """``(filesystem, path on it, is local)``; a plain path stays as given (relative paths stay relative).
+
+    Example:
+        >>> split_location("file:///tmp/x.csv")[1:]
+        ('/tmp/x.csv', True)
+
+    """
     text = os.fspath(location)
     if "://" not in text and "::" not in text:
         return LocalFileSystem(), text, True
@@ -81,7 +73,13 @@ def split_location(location: str | os.PathLike[str]) -> tuple[AbstractFileSystem
 
 
 def join(base: str, relative: str) -> str:
-    """``relative`` under ``base``: ``/``-joined for a URL, ``os.path.join`` for a local path."""
+    """``relative`` under ``base``: ``/``-joined for a URL, ``os.path.join`` for a local path.
+
+    Example:
+        >>> join("s3://bucket/logs", "rank_0/metrics.csv")
+        's3://bucket/logs/rank_0/metrics.csv'
+
+    """
     if "://" in base:
         return posixpath.join(base, relative)
     return os.path.join(base, relative)

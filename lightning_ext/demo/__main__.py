@@ -1,13 +1,4 @@
-"""The demo: a tiny model trained with DDP on CPU processes under each policy, and what each policy decided.
-
-Run ``python -m lightning_ext.demo`` (or ``make demo``). Each rank validates on its own shard and logs ``val_loss``
-without syncing it, as many users do, so the ranks see different numbers. The same training runs under stock
-``DDPStrategy`` and under ``PolicyDDPStrategy`` with each policy, with ``per_rank_metrics=True``. Rank 0 then reads
-every rank's own values back from the per-rank files (``read_rank_metrics``) and prints, epoch by epoch, every
-rank's value and which runs saved a new best checkpoint (``*``) or stopped (``stop``). Last, two pitfalls that
-freeze stock DDP (uneven batches, a synced ``self.log`` on rank 0 only) each run once under ``PolicyDDPStrategy()``,
-and the demo prints the error every rank raised (``--no-pitfalls`` leaves them out).
-"""
+"""``python -m lightning_ext.demo``: a tiny DDP run under each policy, then two pitfalls that freeze stock DDP."""
 
 import argparse
 import logging

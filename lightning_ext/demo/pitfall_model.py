@@ -1,11 +1,4 @@
-"""The demo's pitfall model, a user's training script: the demo copies this file into a scratch directory to run.
-
-``python pitfall_model.py PITFALL OUT_DIR --devices N`` trains under ``PolicyDDPStrategy()`` with one pitfall:
-``uneven_batches`` (rank 1 reads 2 batches more, ``use_distributed_sampler=False``) or ``log_on_rank_zero``
-(``self.log(..., sync_dist=True)`` under ``if self.trainer.is_global_zero``). Each rank writes ``OUT_DIR/rank_<r>.json``
-with the error it raised and the wall-clock time it raised it. Run from the copy, its frames are user code, as a real
-user's script would be, so the errors name the copy's file and line (lightning-ext's own files never are the culprit).
-"""
+"""The demo's pitfall model, a user's training script: the demo runs a copy of this file (``docs/internals.md``)."""
 
 import argparse
 import json

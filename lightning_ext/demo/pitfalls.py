@@ -1,8 +1,4 @@
-"""The demo's second part: two pitfalls that freeze stock DDP, each ending in one error on every rank.
-
-:func:`run_pitfall` copies the pitfall model (:mod:`lightning_ext.demo.pitfall_model`, a user's training script) into
-the run's directory, launches it there in a fresh process group, and reads back what each rank raised.
-"""
+"""The demo's second part: two pitfalls that freeze stock DDP, each ending in one error on every rank."""
 
 import json
 import os

@@ -1,7 +1,6 @@
-"""Check, apply and revert the ``git format-patch`` series that writes lightning-ext's seams into Lightning's sources.
+"""Check, apply and revert the patch series that writes lightning-ext's seams into Lightning's sources.
 
-``python -m lightning_ext.patches check|apply|revert [--target DIR] [--series DIR]``, or the functions here (see
-``patches/README.md``); ``git apply`` does the patch work. Importing this package does not import Lightning.
+``python -m lightning_ext.patches check|apply|revert`` (``patches/README.md``). Importing it does not import Lightning.
 """
 
 from typing import Literal

@@ -1,13 +1,4 @@
-"""Find the ``git format-patch`` series for a ``lightning`` package, judge it hunk by hunk, and apply or revert it.
-
-``git apply`` works on a scratch copy: ``-R`` takes out the patches wholly in (``revert`` writes what is left); they
-go back in, and each other hunk is tried alone: ``-v`` (``OK``), ``-R --check`` (``ALREADY APPLIED``), else ``FAILS``.
-Only edits of existing text files inside ``lightning/`` are accepted; every path is checked before a file is read:
-
->>> _package_file("b/lightning/../../etc/x", "0001-x.patch")
-Traceback (most recent call last):
-lightning_ext.errors.PatchError: 0001-x.patch: refusing path 'b/lightning/../../etc/x': ...
-"""
+"""Find the patch series for a ``lightning`` package, judge it hunk by hunk with ``git apply``, apply or revert it."""
 
 import importlib.util
 import os
@@ -198,6 +189,14 @@ def _parse(text: str, *, name: str) -> Patch:
 
 
 def _package_file(raw: str, patch: str) -> str:
+    """The path of a patched file inside the ``lightning`` package; every path is checked before a file is read.
+
+    Example:
+        >>> _package_file("b/lightning/../../etc/x", "0001-x.patch")
+        Traceback (most recent call last):
+        lightning_ext.errors.PatchError: 0001-x.patch: refusing path 'b/lightning/../../etc/x': ...
+
+    """
     parts = PurePosixPath(raw).parts
     if raw[:2] not in ("a/", "b/") or parts[1:2] != ("lightning",) or len(parts) < 3 or ".." in parts:
         reason = "it is not a path inside 'lightning/' without '..'"

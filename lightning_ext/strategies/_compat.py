@@ -1,14 +1,4 @@
-"""What differs between the Lightning release lines lightning-ext supports (2.5.x and 2.6.x), kept in one place.
-
-lightning-ext reaches into a few private Lightning methods (:mod:`lightning_ext.strategies._runtime`), so each release
-it runs on is verified: the test suite passes against it and ``patches/`` carries a series for it. The verified releases
-are :data:`VERIFIED`. Elsewhere in ``lightning>=2.5,<2.7`` lightning-ext still runs, after one warning
-(:func:`warn_if_unverified`); the runtime seams check every method they wrap before wrapping it.
-
-What 2.6 added that lightning-ext writes to, and 2.5 lacks: ``EarlyStopping.stopping_reason`` (an
-``EarlyStoppingReason``) and ``EarlyStopping.stopping_reason_message``. On 2.5 the decisions leave them out, as
-stock Lightning 2.5 does (:func:`record_stop_message`, :func:`record_nonfinite_stop`).
-"""
+"""The Lightning releases lightning-ext is verified with, and the private Lightning methods it wraps or calls."""
 
 import inspect
 from collections.abc import Iterable

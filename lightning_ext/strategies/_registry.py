@@ -1,10 +1,4 @@
-"""Register the strategy names (``"ddp_<policy>"``, ...) in Lightning's registry as soon as Lightning is imported.
-
-``import lightning_ext`` must not import Lightning or torch (the ``lightning-ext`` command line starts in well under a
-second), yet ``Trainer(strategy="ddp_majority")`` must work after it, in whichever order the two are imported. If
-``lightning.pytorch`` is already imported, the names are registered at once; otherwise a one-shot import hook
-registers them right after ``lightning.pytorch`` finishes importing.
-"""
+"""The strategy names in Lightning's registry (``"ddp_<policy>"``, ...), registered once Lightning is imported."""
 
 import importlib
 import importlib.abc

@@ -1,31 +1,4 @@
-"""Lightning's call sites delegate to lightning-ext: natively (a patched Lightning) or through wrappers installed here.
-
-A seam is a small guard in a Lightning method. The callbacks and the logger connector ask ``trainer.strategy`` for an
-optional hook, and use it if the strategy has one:
-
-* ``ModelCheckpoint._save_topk_checkpoint`` → ``strategy.save_topk_with_policy(callback, trainer, candidates)``; the
-  stock body runs if the hook declines (returns ``False``);
-* ``ModelCheckpoint.on_train_batch_end``, when a step- or time-based save is due (it calls ``_monitor_candidates``)
-  → ``strategy.prepare_topk_decision(callback, trainer, candidates)``, before the callback's rank-local check for
-  the metric;
-* ``EarlyStopping._run_early_stopping_check`` → ``strategy.run_early_stopping_with_policy(callback, trainer)``;
-* ``_LoggerConnector.log_metrics`` → ``strategy.loggers_for_log_metrics(trainer, metrics)``: the loggers for this
-  call (the per-rank logger is added);
-* ``_ResultMetric.forward`` hands each logged value to :mod:`lightning_ext._per_rank.local_values`, which keeps what a
-  later sync would overwrite while a strategy has capture switched on (natively through
-  ``result._local_value_recorder``, which :func:`~lightning_ext._per_rank.local_values.start_capture` sets);
-* the hang checks' seams (:mod:`lightning_ext._hang.hooks`): a logged value's syncs, an epoch's syncs, each batch, the
-  batch counts, each fetch; and ``Trainer._run`` → ``strategy.on_run_failure(error)``.
-
-``patches/`` writes these guards into Lightning's sources; each patched class carries ``_LIGHTNING_EXT_SEAM``, the
-level of the series it was patched with (1: decisions and per-rank output, 2: also the hang checks). On a patched
-Lightning, :func:`install` connects the native hang seams to :mod:`lightning_ext._hang.hooks` and wraps nothing; on
-an unpatched one it wraps the same methods at run time, after checking that each still has the signature the wrapper
-was written for (:func:`check_signatures`). Stock strategies have no hooks and no checks run, so they behave exactly
-as before.
-
-Set ``LIGHTNING_EXT_RUNTIME_PATCHING=0`` to forbid the wrappers (used to prove that a patched Lightning works alone).
-"""
+"""Lightning's call sites reach lightning-ext: natively (a patched Lightning) or through wrappers installed here."""
 
 import functools
 import os

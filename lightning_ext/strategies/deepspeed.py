@@ -1,10 +1,4 @@
-"""``PolicyDeepSpeedStrategy``: DeepSpeed with cross-rank decision policies and per-rank metrics.
-
-Kept apart from :mod:`lightning_ext.strategies` because the public name exists only where DeepSpeed is installed:
-``from lightning_ext import PolicyDeepSpeedStrategy`` (or ``Trainer(strategy="deepspeed_mean")``) without it raises an
-``ImportError`` that names the package and the command that installs it. This module itself imports without DeepSpeed
-(Lightning's ``DeepSpeedStrategy`` does), so that the names can be registered and the signature inspected.
-"""
+"""``PolicyDeepSpeedStrategy``: DeepSpeed with the policies, per-rank metrics and hang checks (needs DeepSpeed)."""
 
 import logging
 from datetime import timedelta

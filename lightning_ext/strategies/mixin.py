@@ -1,12 +1,4 @@
-"""``PolicyStrategyMixin``: cross-rank policies and per-rank metrics for any Lightning ``ParallelStrategy``.
-
-Lightning's ``ModelCheckpoint``/``EarlyStopping`` and logger connector reach the strategy through optional hooks
-(``save_topk_with_policy``, ``prepare_topk_decision``, ``run_early_stopping_with_policy``, ``loggers_for_log_metrics``;
-see :mod:`lightning_ext.strategies._runtime`). The mixin provides them and delegates to
-:mod:`lightning_ext._decisions.checkpoint` and :mod:`lightning_ext._per_rank.logger`. Everything else it adds happens
-once, at set-up: one gather, after which every rank validates what every rank brought, so a misconfiguration raises the
-same error on every rank.
-"""
+"""``PolicyStrategyMixin``: the policies, per-rank metrics and hang checks for any Lightning ``ParallelStrategy``."""
 
 import inspect
 import uuid
