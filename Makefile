@@ -27,9 +27,12 @@ setup-lightning-2.5:
 test-lightning-2.5: setup-lightning-2.5
 	$(VENV_25)/bin/python -m pytest $(CORE)
 
+# ruff; the architecture's import contracts (pyproject.toml [tool.importlinter], docs/architecture.md); dead code
 lint: setup
 	.venv/bin/python -m ruff check lightning_ext tests benchmarks
 	.venv/bin/python -m ruff format --check lightning_ext tests benchmarks
+	.venv/bin/lint-imports
+	.venv/bin/python -m vulture
 
 typecheck: setup
 	.venv/bin/python -m mypy lightning_ext benchmarks

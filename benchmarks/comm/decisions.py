@@ -54,13 +54,11 @@ class DecisionResult:
     Attributes:
         samples_ns: per subject, the latency of every timed decision, in nanoseconds, in run order.
         collectives: per subject, the ``torch.distributed`` calls per decision, by name.
-        count_rounds: how many decisions of each subject were counted.
 
     """
 
     samples_ns: dict[str, list[int]] = field(default_factory=dict)
     collectives: dict[str, dict[str, float]] = field(default_factory=dict)
-    count_rounds: int = 0
 
 
 def decision_policies() -> list[str]:
@@ -192,7 +190,6 @@ def run_decisions(
                 if phase == "time":
                     result.samples_ns[subject.name].append(elapsed)
             progress(len(subjects))
-    result.count_rounds = COUNT_ROUNDS
     result.collectives = {
         name: {op: n / COUNT_ROUNDS for op, n in sorted(counts.items())} for name, counts in counted.items()
     }

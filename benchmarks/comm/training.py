@@ -106,7 +106,6 @@ class TrainingResult:
         step_cpu_ns: the same windows in CPU time of the main thread.
         collectives_per_step: per configuration, ``torch.distributed`` calls per logging step, by name.
         fit_collectives: per configuration, every call of the whole counted fit (set-up included), by name.
-        counted_steps: how many steps the counts per step were taken over.
         row_loops: per-rank rows written by the row loop of each timed per-rank fit.
         row_ns: each timed per-rank fit's row-loop time per row (nanoseconds), in repeat order.
         row_cpu_ns: the same in CPU time of the main thread.
@@ -118,7 +117,6 @@ class TrainingResult:
     step_cpu_ns: dict[str, list[list[int]]] = field(default_factory=dict)
     collectives_per_step: dict[str, dict[str, float]] = field(default_factory=dict)
     fit_collectives: dict[str, dict[str, int]] = field(default_factory=dict)
-    counted_steps: int = 0
     row_loops: int = 0
     row_ns: list[float] = field(default_factory=list)
     row_cpu_ns: list[float] = field(default_factory=list)
@@ -335,7 +333,6 @@ def run_training(
         total: Counter[str] = sum(kept, Counter())
         result.collectives_per_step[config] = {op: n / len(kept) for op, n in sorted(total.items())}
         result.fit_collectives[config] = dict(sorted(counts.items()))
-        result.counted_steps = len(kept)
         progress(batches)
     order = random.Random(seed)  # the same on every rank
     for repeat in range(repeats):
