@@ -1,14 +1,14 @@
 # The two entry points the README opens with. Both set up .venv first (idempotent).
 .PHONY: demo test test-lightning-2.5 setup setup-lightning-2.5 lint typecheck
 
-# The verified Lightning releases (lightning_ext/_compat.py VERIFIED): .venv holds the newest, the README's default.
+# The verified Lightning releases (lightning_ext/strategies/_compat.py VERIFIED): .venv holds the newest, the README's default.
 LIGHTNING := 2.6.6
 LIGHTNING_25 := 2.5.6
 VENV_25 := .venv-lightning-2.5
 
 # The core suite, what CI also runs against Lightning 2.5.6: every test and doctest but two that do not depend on the
-# Lightning release and run once, under `make test`: the benchmark smoke runs (tests/test_benchmarks.py) and the
-# wheel build. It includes the 2.5.6 patch series applied and run natively (tests/test_native_patches.py).
+# Lightning release and run once, under `make test`: the comm benchmark's smoke runs (tests/benchmarks/test_comm.py)
+# and the wheel build. It includes the 2.5.6 patch series applied and run natively (tests/patches/test_native.py).
 CORE := --ignore=tests/benchmarks/test_comm.py \
 	--deselect tests/patches/test_tool.py::test_the_built_wheel_ships_the_series_and_the_installed_tool_checks_it
 
