@@ -51,7 +51,7 @@ def rank_pools() -> Iterator[_Pools]:
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
-    """Under ``LIGHTNING_EXT_EXPECT_NATIVE`` (tests/test_native_patches.py), prove the native seams are in use."""
+    """Under ``LIGHTNING_EXT_EXPECT_NATIVE`` (tests/patches/test_native.py), prove the native seams are in use."""
     expected = os.environ.get("LIGHTNING_EXT_EXPECT_NATIVE")
     if expected:
         import lightning

@@ -10,7 +10,7 @@ from lightning.pytorch.loggers import Logger
 from torch import Tensor
 from typing_extensions import override
 
-from lightning_ext._per_rank import local_values as _local_values
+from lightning_ext._per_rank import local_values
 from lightning_ext._per_rank.local_values import OMITTED, local_values_for
 from lightning_ext._per_rank.markers import SUFFIX, encode_marker, read_rank_marker, remove_markers, write_marker
 from lightning_ext._per_rank.storage import join, write_whole
@@ -111,7 +111,7 @@ class RankCSVLogger(Logger):
         if self._stopped:
             return
         try:
-            error = _local_values.capture_error()
+            error = local_values.capture_error()
             if error is not None:
                 self._stop(error, "capturing a local value")
                 return
@@ -181,7 +181,7 @@ class RankCSVLogger(Logger):
 
     def close(self) -> None:
         """Flush, sync and close this rank's file (the strategy's teardown calls it at the end of every stage)."""
-        if not self._stopped and (error := _local_values.capture_error()) is not None:
+        if not self._stopped and (error := local_values.capture_error()) is not None:
             self._stop(error, "capturing a local value")
         writer = _OPEN_WRITERS.pop(self._path, None)
         self._writer = None
@@ -197,7 +197,7 @@ class RankCSVLogger(Logger):
         """Stop this rank's output: keep what can be kept, mark the file incomplete, warn once."""
         self._stopped = True
         _STOPPED_HERE.add(self._path)
-        _local_values.stop_capture()
+        local_values.stop_capture()
         self._writer = None
         writer = _OPEN_WRITERS.pop(self._path, None)
         rows, last_step = 0, None

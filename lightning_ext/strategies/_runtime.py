@@ -16,15 +16,15 @@ from lightning.pytorch.strategies import ParallelStrategy
 from lightning.pytorch.trainer.connectors.logger_connector.logger_connector import _LoggerConnector
 from lightning.pytorch.trainer.connectors.logger_connector.result import _ResultCollection, _ResultMetric
 
-from lightning_ext._hang import hooks as _hang_hooks
-from lightning_ext._per_rank import local_values as _local_values
+from lightning_ext._hang import hooks as hang_hooks
+from lightning_ext._per_rank import local_values
 from lightning_ext.strategies import _compat
 
 __all__ = ["install", "patch_mode", "runtime_patching_enabled", "seams_available"]
 
 _MARKER = "__lightning_ext_seam__"
 _NATIVE_MARKER = "_LIGHTNING_EXT_SEAM"  # a class attribute that the patch series adds to each patched class
-_HOOKS = "_lightning_ext_hooks"  # the module attribute through which a patched Lightning calls _hang_hooks
+_HOOKS = "_lightning_ext_hooks"  # the module attribute through which a patched Lightning calls hang_hooks
 _ENV_SWITCH = "LIGHTNING_EXT_RUNTIME_PATCHING"
 _DECISIONS, _HANG = 1, 2  # the series level that makes a seam native (0001-0003, then the hang-check patch)
 
@@ -67,7 +67,7 @@ def install() -> None:
     for owner, _, _ in _hang_seams():
         module = sys.modules.get(owner.__module__)
         if _level(owner) >= _HANG and module is not None and hasattr(module, _HOOKS):
-            setattr(module, _HOOKS, _hang_hooks)
+            setattr(module, _HOOKS, hang_hooks)
     pending = [seam for seam in _all_seams() if not _is_native(seam) and not _is_wrapped(seam)]
     if runtime_patching_enabled():
         _compat.check_signatures([(owner, name) for owner, name, _ in pending])
@@ -219,9 +219,9 @@ def _loggers_for_this_call(trainer: Any, loggers: list[Any]) -> Iterator[None]:
 def _forward_seam(original: Callable[..., None]) -> Callable[..., None]:
     @functools.wraps(original)
     def forward(self: _ResultMetric, value: Any, batch_size: int) -> None:
-        with _hang_hooks.syncing(self, "step"):
+        with hang_hooks.syncing(self, "step"):
             original(self, value, batch_size)
-        _local_values.record_update(self, value)
+        local_values.record_update(self, value)
 
     return forward
 
@@ -229,7 +229,7 @@ def _forward_seam(original: Callable[..., None]) -> Callable[..., None]:
 def _compute_seam(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def compute(self: _ResultMetric) -> Any:
-        with _hang_hooks.syncing(self, "epoch"):
+        with hang_hooks.syncing(self, "epoch"):
             return original(self)
 
     return compute
@@ -238,7 +238,7 @@ def _compute_seam(original: Callable[..., Any]) -> Callable[..., Any]:
 def _epoch_metrics_seam(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def metrics(self: _ResultCollection, on_step: bool) -> Any:
-        with _hang_hooks.epoch_round(self, on_step):
+        with hang_hooks.epoch_round(self, on_step):
             return original(self, on_step)
 
     return metrics
@@ -248,7 +248,7 @@ def _batch_start_seam(original: Callable[..., None]) -> Callable[..., None]:
     @functools.wraps(original)
     def on_batch_start(self: _LoggerConnector, *args: Any, **kwargs: Any) -> None:
         original(self, *args, **kwargs)
-        _hang_hooks.batch_started()
+        hang_hooks.batch_started()
 
     return on_batch_start
 
@@ -257,7 +257,7 @@ def _fit_data_seam(original: Callable[..., None]) -> Callable[..., None]:
     @functools.wraps(original)
     def setup_data(self: _FitLoop) -> None:
         original(self)
-        _hang_hooks.after_fit_setup_data(self)
+        hang_hooks.after_fit_setup_data(self)
 
     return setup_data
 
@@ -266,7 +266,7 @@ def _evaluation_data_seam(original: Callable[..., None]) -> Callable[..., None]:
     @functools.wraps(original)
     def setup_data(self: _EvaluationLoop) -> None:
         original(self)
-        _hang_hooks.after_eval_setup_data(self)
+        hang_hooks.after_eval_setup_data(self)
 
     return setup_data
 
@@ -274,7 +274,7 @@ def _evaluation_data_seam(original: Callable[..., None]) -> Callable[..., None]:
 def _evaluation_batches_seam(original: Callable[..., list[Any]]) -> Callable[..., list[Any]]:
     @functools.wraps(original)
     def max_batches(self: _EvaluationLoop) -> list[Any]:
-        return _hang_hooks.max_batches(self, original(self))
+        return hang_hooks.max_batches(self, original(self))
 
     return max_batches
 
@@ -282,7 +282,7 @@ def _evaluation_batches_seam(original: Callable[..., list[Any]]) -> Callable[...
 def _fetch_seam(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def __next__(self: _PrefetchDataFetcher) -> Any:
-        return _hang_hooks.fetch(self, functools.partial(original, self))
+        return hang_hooks.fetch(self, functools.partial(original, self))
 
     return __next__
 

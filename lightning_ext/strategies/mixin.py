@@ -12,7 +12,7 @@ from lightning_ext import _collective
 from lightning_ext._collective import RankGroup, all_gather_objects
 from lightning_ext._decisions import checkpoint, early_stopping
 from lightning_ext._hang.guard import HangChecks, HangGuard, UnevenMode, validate_options
-from lightning_ext._per_rank import local_values as _local_values
+from lightning_ext._per_rank import local_values
 from lightning_ext._per_rank.logger import RankCSVLogger, loggers_for
 from lightning_ext.errors import PolicyMismatchError, mark_joint
 from lightning_ext.policies import DecisionPolicy, PolicyLike, resolve_policy
@@ -133,7 +133,7 @@ class PolicyStrategyMixin(_Strategy):
         if self._per_rank_metrics is None or self._run_log_dir is None:
             return
         self.rank_metrics_logger = RankCSVLogger(self._run_log_dir, self._rank(), self._per_rank_metrics)
-        _local_values.start_capture(self._rank())
+        local_values.start_capture(self._rank())
         if trainer.loggers:  # a member for the run, so it also gets what callbacks send to every logger
             trainer.loggers = [*trainer.loggers, self.rank_metrics_logger]
 
@@ -153,7 +153,7 @@ class PolicyStrategyMixin(_Strategy):
             self._hang_guard.stop()
         rank_logger, self.rank_metrics_logger = self.rank_metrics_logger, None
         if rank_logger is not None:
-            _local_values.stop_capture()
+            local_values.stop_capture()
             rank_logger.close()
             trainer = self._trainer()
             if trainer is not None and rank_logger in trainer.loggers:

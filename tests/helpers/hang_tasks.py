@@ -1,8 +1,8 @@
-"""Real ``Trainer.fit`` runs whose ranks part ways on purpose, run inside the rank pools (tests/_pool.py).
+"""Real ``Trainer.fit`` runs whose ranks part ways on purpose, run inside the rank pools (tests/helpers/pool.py).
 
 A *script* says how many batches each rank's train and val loaders yield (``None``: a stream without length) and
 what each hook logs with ``sync_dist=True``; an entry may be skipped by some ranks. The parent builds the expected
-outcome from the script alone (tests/test_hang_checks.py) and compares it with what every rank reports.
+outcome from the script alone (tests/hang/test_checks.py) and compares it with what every rank reports.
 """
 
 from __future__ import annotations

@@ -74,7 +74,7 @@ class Model(L.LightningModule):
 def fit(root: str, *, s3: dict[str, Any] | None = None, **options: Any) -> dict[str, Any]:
     """Fit on this rank; returns how the run ended, this rank's RankMetricsWarnings, and optionally its own table.
 
-    ``s3``: the options that reach the test S3 server (``tests/_s3.py``), set for the whole run.
+    ``s3``: the options that reach the test S3 server (``tests/helpers/s3.py``), set for the whole run.
     """
     with use_s3(s3) if s3 is not None else nullcontext():
         return _fit(root, **options)

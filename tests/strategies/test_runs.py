@@ -1,7 +1,7 @@
 """Real runs of the strategies and launchers on CPU (gloo): ModelParallel (FSDP2) against DDP in a rank pool,
 multi-node launches on loopback (torchrun, a simulated SLURM ``srun``), and Lightning's notebook launcher (fork) started
 from an interactive interpreter. (``ddp_spawn_<policy>`` only sets ``start_method="spawn"``, which
-tests/test_strategies_surface.py checks; tests/test_strategy.py::test_real_launch runs that start method for real.)
+tests/strategies/test_surface.py checks; tests/strategies/test_ddp.py::test_real_launch_* runs that start method.)
 
 Every run plays the scenario of :mod:`tests.helpers.strategy_scenarios`; its expected outcomes were worked out by hand
 there.
