@@ -164,7 +164,10 @@ def _table(runs: dict[str, dict[str, Any]], devices: int, epochs: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = argparse.ArgumentParser(
+        "python -m lightning_ext.demo",
+        description="Train a tiny model with DDP on CPU processes under each policy, and print what each decided.",
+    )
     parser.add_argument("--devices", type=int, default=3, help="CPU processes (ranks); default 3")
     parser.add_argument("--epochs", type=int, default=10, help="maximum epochs per run; default 10")
     parser.add_argument("--root", default="demo_logs", help="where checkpoints go; default ./demo_logs")
