@@ -19,6 +19,7 @@ __all__ = [
     "abort_process_groups",
     "all_gather_objects",
     "all_reduce_row",
+    "exact_mean_input",
     "exchange_partners",
     "gather_in_store",
     "is_communication_failure",
@@ -218,6 +219,30 @@ def _powers_below(limit: int) -> list[int]:
         powers.append(value)
         value *= 2
     return powers
+
+
+def exact_mean_input(tensor: Any, reduce_op: Any) -> Any:
+    """``tensor`` as a float tensor when ``strategy.reduce`` is asked for the mean of integers, else ``tensor``.
+
+    Lightning's ``_sync_ddp`` divides an integer sum by the world size in place, truncating it: a logged mean's batch
+    count, so a synced epoch mean is wrong when the ranks' batch-size totals differ (Lightning #21859). The mean of the
+    same numbers as floats is exact.
+
+    Example:
+        >>> exact_mean_input(torch.tensor(7), "mean").dtype == torch.get_default_dtype()
+        True
+        >>> exact_mean_input(torch.tensor(7), "sum").dtype
+        torch.int64
+
+    """
+    if (
+        isinstance(tensor, torch.Tensor)
+        and isinstance(reduce_op, str)
+        and reduce_op.lower() in ("mean", "avg")
+        and not (torch.is_floating_point(tensor) or torch.is_complex(tensor))
+    ):
+        return tensor.to(torch.get_default_dtype())
+    return tensor
 
 
 def wait_for(work: Any, seconds: float) -> bool:

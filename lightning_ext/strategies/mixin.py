@@ -191,6 +191,7 @@ class PolicyStrategyMixin(_Strategy):
 
     @override
     def reduce(self, tensor: Any, group: Any | None = None, reduce_op: Any = "mean") -> Any:
+        tensor = _collective.exact_mean_input(tensor, reduce_op)
         return self._hang_guard.reduce(super().reduce, tensor, group, reduce_op)  # type: ignore[safe-super]
 
     @override
