@@ -105,6 +105,7 @@ class Facts:
     Attributes:
         rank: the rank.
         check: the lightning-ext check it waits in, as ``(number, description)``, or ``None``.
+        checks: the number of the last check it has passed (every rank numbers the checks alike).
         counts: its counted collective calls so far, per group.
         inside: the counted collective call its training thread is inside now, or ``None``.
         backward: the number of the synced backward pass it is in now (DDP's gradient all-reduce runs in it), or
@@ -120,6 +121,7 @@ class Facts:
 
     rank: int
     check: tuple[int, str] | None = None
+    checks: int = 0
     counts: dict[str, int] = field(default_factory=dict)
     inside: Call | None = None
     backward: int | None = None
@@ -144,6 +146,7 @@ class Recorder:
         self.rank, self.world_size, self.trainer = rank, world_size, trainer
         self.thread = threading.get_ident()  # the training thread: only its calls are counted
         self.check: tuple[int, str] | None = None
+        self.checks = 0  # the last check passed (set before ``check`` is cleared)
         self.counts: dict[str, int] = {}
         self.backwards = 0
         self.signal: str | None = None
@@ -234,6 +237,7 @@ class Recorder:
         return Facts(
             rank=self.rank,
             check=self.check,
+            checks=self.checks,
             counts=dict(self.counts),
             inside=call,
             backward=self._backward,

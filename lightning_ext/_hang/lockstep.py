@@ -12,7 +12,7 @@ from typing import Any, NoReturn
 from lightning_ext import _collective, errors
 from lightning_ext._hang.facts import Facts, Recorder
 from lightning_ext._hang.messages import describe_deadlock, describe_divergence, signalled_message
-from lightning_ext._hang.verdict import blocked_by
+from lightning_ext._hang.verdict import deadlock
 from lightning_ext._hang.watchdog import ErrorRecord, Watchdog
 from lightning_ext.errors import mark_joint
 
@@ -110,6 +110,7 @@ class Lockstep:
         try:
             if not exchange.wait(_FIRST_WAIT):
                 self._wait_long(exchange, point, label)
+            recorder.checks = self.count
         finally:
             recorder.check = None
         posted = self.watchdog.posted()
@@ -175,7 +176,7 @@ class Lockstep:
                 self.watchdog.request_completion()  # our check is pending: have the others join it
                 raise_record(posted)
             if self.watchdog.claim(f"diagnose/{self.count}/{point.fingerprint}"):
-                self._diagnose(labelled(point, 0, label))
+                self._diagnose(labelled(point, 0, label), exchange)
             try:
                 if exchange.wait(wait):
                     return
@@ -187,17 +188,15 @@ class Lockstep:
                 raise_record(posted, cause=failure)
             wait = min(2 * wait, _MAX_WAIT)
 
-    def _diagnose(self, point: Point) -> None:
+    def _diagnose(self, point: Point, exchange: _collective.CheckExchange) -> None:
         """Ask every rank for its facts; raise if they prove that the missing ranks cannot come (a deadlock)."""
         others = [rank for rank in range(self.world_size) if rank != self.rank]
         facts = self.watchdog.facts_of(others)
         if len(facts) < len(others):  # a rank that does not answer proves nothing (its process may be gone)
             return
-        everyone = [self.recorder.snapshot(), *facts.values()]
-        waiting = [theirs for theirs in everyone if theirs.check is not None and theirs.check[0] == self.count]
-        missing = [theirs for theirs in everyone if theirs.check is None or theirs.check[0] != self.count]
-        if missing and all(blocked_by(waiting, theirs) is not None for theirs in missing):
-            self.fail_alone(describe_deadlock(point, waiting, missing))
+        found = deadlock(self.count, [self.recorder.snapshot(), *facts.values()])
+        if found is not None and not exchange.wait(0):  # and this rank's own check has not completed meanwhile
+            self.fail_alone(describe_deadlock(point, *found))
 
 
 def record_of(error: BaseException, rank: int, *, joint: bool, recorder: Recorder | None = None) -> ErrorRecord:

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from lightning_ext._hang.facts import Facts
 
-__all__ = ["blocked_by"]
+__all__ = ["blocked_by", "deadlock"]
 
 
 def blocked_by(waiting: Sequence[Facts], rank: Facts) -> str | None:
@@ -38,4 +38,28 @@ def blocked_by(waiting: Sequence[Facts], rank: Facts) -> str | None:
         return "collective"
     if rank.backward is not None and rank.backward > min(facts.backwards for facts in waiting):
         return "backward"
+    return None
+
+
+def deadlock(check: int, everyone: Sequence[Facts]) -> tuple[list[Facts], list[Facts]] | None:
+    """``(waiting, missing)`` if every rank's facts prove that check number ``check`` can never complete, else ``None``.
+
+    A rank that has passed the check already proves that every rank joined it (it is completing, whatever the other
+    ranks' facts say: theirs may have been read just before they saw it complete). Otherwise the ranks that wait in it
+    wait for the others, and it is a deadlock when each of those is blocked (:func:`blocked_by`).
+
+    Example:
+        >>> waiting = Facts(0, check=(3, "a synced log"), checks=2, counts={"world": 7}, backwards=1)
+        >>> deadlock(3, [waiting, Facts(1, checks=2, backward=2, backwards=1)]) is not None
+        True
+        >>> deadlock(3, [waiting, Facts(1, checks=3, backward=2, backwards=1)]) is None  # it passed check 3
+        True
+
+    """
+    if any(facts.checks >= check for facts in everyone):
+        return None
+    waiting = [facts for facts in everyone if facts.check is not None and facts.check[0] == check]
+    missing = [facts for facts in everyone if facts.check is None or facts.check[0] != check]
+    if missing and all(blocked_by(waiting, facts) is not None for facts in missing):
+        return waiting, missing
     return None

@@ -63,6 +63,18 @@ def test_a_rank_slow_in_any_phase_is_waited_for(rank_pools: Any, tmp_path: Path,
         assert any(outcome["looks"] for outcome in ours), "no rank waited long enough at a check to look"
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_check_that_completes_while_a_rank_looks_is_not_a_deadlock(rank_pools: Any, tmp_path: Path) -> None:
+    """The look takes a second: meanwhile the slow rank arrives, the check completes, and the slow rank goes on into
+    the synced value's all-reduce, a collective call the looking rank has not made yet; its facts must not be read as
+    a deadlock (the rank has passed the check)."""
+    delays = [{"rank": 1, "phase": "forward", "how": "sleep", "seconds": 0.4, "epoch": 0, "batch": 1}]
+    ours = fit(rank_pools, 2, tmp_path / "ours", {"delays": delays, "slow_looks": 1.0})
+    assert_same_as_stock(ours, stock(rank_pools, 2, tmp_path))
+    assert any(outcome["looks"] for outcome in ours)
+
+
 @st.composite
 def delay_plans(draw: st.DrawFn, world: int) -> dict[str, Any]:
     """Random delays: any rank, any phase, any batch of either epoch, by computing or sleeping."""

@@ -14,7 +14,7 @@ from lightning_ext._collective import exchange_partners
 from lightning_ext._hang.facts import Call, Facts, Progress
 from lightning_ext._hang.lockstep import Point
 from lightning_ext._hang.messages import describe_deadlock, describe_divergence
-from lightning_ext._hang.verdict import blocked_by
+from lightning_ext._hang.verdict import blocked_by, deadlock
 
 ENTRY = {"name": "x", "fx": "training_step", "dataloader": None, "reduce": "mean", "site": "training_step, m.py:9"}
 LOG = Point("log", ("log", "step", "training_step", "x", None, 0), "self.log('x', sync_dist=True) (step value)", ENTRY)
@@ -152,3 +152,15 @@ def test_property_every_rank_learns_the_smallest_and_largest_value(world: int, v
         assert progressed, "the rounds deadlock"
     assert low == [min(sent)] * world and high == [max(sent)] * world
     assert all(len(plan) <= world.bit_length() + 1 for plan in plans)  # ceil(log2 W) rounds, two more folding
+
+
+def test_a_rank_that_passed_the_check_proves_it_is_completing() -> None:
+    """Its facts may show it inside the synced value's all-reduce that follows the check, beyond the waiting rank's
+    count, while the waiting rank has not yet seen its own exchange complete: not a deadlock (found under load)."""
+    call = Call("world", 17, "torch.distributed.all_reduce (via LightningModule.log)", "m.py:9 in on_train_batch_end")
+    waiting_rank = Facts(0, check=(5, LOG.where), checks=4, counts={"world": 16})
+    assert deadlock(5, [waiting_rank, Facts(1, checks=5, counts={"world": 17}, inside=call)]) is None
+    assert deadlock(5, [waiting_rank, Facts(1, checks=4, counts={"world": 17}, inside=call)]) is not None
+    # a rank waiting in the same check is not missing, and a rank computing is not blocked
+    assert deadlock(5, [waiting_rank, Facts(1, check=(5, LOG.where), checks=4)]) is None
+    assert deadlock(5, [waiting_rank, Facts(1, checks=4, counts={"world": 16})]) is None

@@ -185,9 +185,10 @@ def fit(
     looks: list[str] = []
     diagnose = lockstep.Lockstep._diagnose
 
-    def counted(self: Any, point: Any) -> None:
+    def counted(self: Any, point: Any, *rest: Any) -> None:
         looks.append(point.where)
-        diagnose(self, point)
+        time.sleep((plan or {}).get("slow_looks", 0.0))  # a look that takes long: the check may complete meanwhile
+        diagnose(self, point, *rest)
 
     saved = lockstep._FIRST_WAIT, lockstep._NEXT_WAIT, lockstep.Lockstep._diagnose
     if waits is not None:
