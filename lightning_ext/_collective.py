@@ -252,8 +252,8 @@ def wait_for(work: Any, seconds: float) -> bool:
         RuntimeError: the collective itself failed (a peer closed its connection, ...).
 
     """
-    try:
-        work.wait(timeout=timedelta(seconds=seconds))
+    try:  # at least a millisecond: a timeout of 0 means "no timeout" to c10d, a wait for ever
+        work.wait(timeout=timedelta(seconds=max(seconds, 0.001)))
     except RuntimeError:
         if work.is_completed():
             raise
