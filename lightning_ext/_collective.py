@@ -255,9 +255,9 @@ def wait_for(work: Any, seconds: float) -> bool:
     try:  # at least a millisecond: a timeout of 0 means "no timeout" to c10d, a wait for ever
         work.wait(timeout=timedelta(seconds=max(seconds, 0.001)))
     except RuntimeError:
-        if work.is_completed():
-            raise
-        return False
+        if not work.is_completed():
+            return False
+        work.wait()  # it completed just after the timeout: returns at once, or raises the collective's own error
     return True
 
 

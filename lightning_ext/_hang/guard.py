@@ -83,7 +83,7 @@ class HangGuard:
         lockstep.recorder.uninstall()
         with contextlib.suppress(Exception):
             lockstep.watchdog.stop()
-        lockstep.channel.close()
+        lockstep.close()
 
     def watch_signals(self) -> None:
         """Note the signals this rank receives from now on (once Lightning has installed its handlers)."""

@@ -59,6 +59,14 @@ def _at(fingerprint: int, position: int, calls: int) -> int:
     return fingerprint & 0x3FFFFFFFFFFFFFFF
 
 
+def _nothing() -> None:
+    return None
+
+
+def _ignore_signal(name: str, text: str) -> None:
+    return None
+
+
 def labelled(point: Point, position: int, label: Label) -> Point:
     """``point`` described with its ``label`` (``"... at batch_idx 3 of training"``), for an error message."""
     text = label() if callable(label) else label
@@ -152,6 +160,13 @@ class Lockstep:
         self._before_error()
         record = self.watchdog.post(record_of(error, self.rank, joint=False, recorder=self.recorder))
         raise_record(record, cause=error)
+
+    def close(self) -> None:
+        """Release the checks' links now, on every rank alike (the watchdog is stopped): no reference cycle keeps
+        them, and their gloo groups, until the garbage collector runs at some other time on each rank."""
+        self.watchdog.on_error = _nothing
+        self.recorder.on_signal = _ignore_signal
+        self.channel.close()
 
     def complete_pending(self) -> None:
         """The run is failing: join the checks other ranks still wait in, so no rank is left with a pending one.

@@ -6,6 +6,7 @@ Facts are written by hand here, as the ranks would report them; the expectations
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -164,3 +165,29 @@ def test_a_rank_that_passed_the_check_proves_it_is_completing() -> None:
     # a rank waiting in the same check is not missing, and a rank computing is not blocked
     assert deadlock(5, [waiting_rank, Facts(1, check=(5, LOG.where), checks=4)]) is None
     assert deadlock(5, [waiting_rank, Facts(1, checks=4, counts={"world": 16})]) is None
+
+
+class _LateWork:
+    """A collective's work that completes just after a wait timed out (the race ``wait_for`` must survive)."""
+
+    def __init__(self, fails: bool = False) -> None:
+        self.waits, self.fails = 0, fails
+
+    def wait(self, timeout: object = None) -> bool:
+        self.waits += 1
+        if timeout is not None:
+            raise RuntimeError("Operation timed out!")
+        if self.fails:
+            raise RuntimeError("Connection closed by peer")
+        return True
+
+    def is_completed(self) -> bool:
+        return True
+
+
+def test_a_wait_that_times_out_as_the_work_completes_reports_it_completed() -> None:
+    from lightning_ext._collective import wait_for
+
+    assert wait_for(_LateWork(), 0.0) is True
+    with pytest.raises(RuntimeError, match="Connection closed by peer"):  # the collective's own error, not the timeout
+        wait_for(_LateWork(fails=True), 0.0)
