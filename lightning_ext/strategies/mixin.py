@@ -12,6 +12,7 @@ from lightning_ext import _collective
 from lightning_ext._collective import RankGroup, all_gather_objects
 from lightning_ext._decisions import checkpoint, early_stopping
 from lightning_ext._hang.guard import HangChecks, HangGuard, UnevenMode, validate_options
+from lightning_ext._hang.stop import resolve_preemption_policy
 from lightning_ext._per_rank import local_values
 from lightning_ext._per_rank.logger import RankCSVLogger, loggers_for
 from lightning_ext.errors import PolicyMismatchError, mark_joint
@@ -46,6 +47,9 @@ class PolicyStrategyMixin(_Strategy):
         uneven_batches: ``"error"`` (default) or ``"truncate"``: what to do when the ranks' dataloaders have
             different numbers of batches in an epoch.
         check_unsized_loaders: compare loaders without a length after every batch (one small check per step).
+        preemption_policy: when SIGTERM (or Lightning's SLURM requeue signal) on some ranks stops every rank at the
+            same step, with a checkpoint (docs/stalls-and-preemption.md). Default ``"any"``: one signalled rank is
+            enough; ``"all"``, ``"majority"``, ``"rank_zero"``, a ``VotePolicy``; ``None``: ``RankSignalledError``.
 
     Raises:
         TypeError: at construction, the class is not a ``ParallelStrategy``, or it overrides
@@ -68,10 +72,12 @@ class PolicyStrategyMixin(_Strategy):
         hang_checks: HangChecks = True,
         uneven_batches: UnevenMode = "error",
         check_unsized_loaders: bool = False,
+        preemption_policy: PolicyLike | None = "any",
         **kwargs: Any,
     ) -> None:
         _check_base(type(self))
         validate_options(hang_checks, uneven_batches, check_unsized_loaders)
+        preemption = resolve_preemption_policy(preemption_policy)
         _runtime.install()
         if not _runtime.seams_available():
             raise RuntimeError(
@@ -87,7 +93,9 @@ class PolicyStrategyMixin(_Strategy):
         self._per_rank_metrics = PerRankMetrics() if per_rank_metrics is True else (per_rank_metrics or None)
         self._run_log_dir: str | None = None
         self.rank_metrics_logger: RankCSVLogger | None = None
-        self._hang_guard = HangGuard(hang_checks, uneven_batches, check_unsized_loaders, self._flush_rank_files)
+        self._hang_guard = HangGuard(
+            hang_checks, uneven_batches, check_unsized_loaders, self._flush_rank_files, preemption
+        )
 
     @property
     def checkpoint_policy(self) -> DecisionPolicy:
@@ -108,6 +116,11 @@ class PolicyStrategyMixin(_Strategy):
     def hang_checks(self) -> HangChecks:
         """Whether the hang checks are on (``True``), off (``False``), or in ``"debug"`` mode."""
         return self._hang_guard.mode
+
+    @property
+    def preemption_policy(self) -> DecisionPolicy | None:
+        """The policy that decides a coordinated stop on preemption signals, or ``None`` (off)."""
+        return self._hang_guard.preemption_policy
 
     @property
     def uneven_batches(self) -> UnevenMode:
@@ -243,8 +256,11 @@ class PolicyStrategyMixin(_Strategy):
                 self._early_stopping_policy.describe(),
                 repr(self._per_rank_metrics),
                 repr((self._hang_guard.mode, self._hang_guard.uneven_batches, self._hang_guard.check_unsized_loaders)),
+                repr(self.preemption_policy),
             ),
-            "invalid": _invalid_policies(self._checkpoint_policy, self._early_stopping_policy, self.world_size),
+            "invalid": _invalid_policies(
+                self._checkpoint_policy, self._early_stopping_policy, self.world_size, self.preemption_policy
+            ),
             "loggers": None if trainer is None else len(_versioned_loggers(trainer)),
             "versions": _logger_versions(trainer) if rank == 0 else None,
             "log_dir": _log_dir(trainer) if rank == 0 and self._per_rank_metrics else None,
@@ -272,7 +288,8 @@ def _validate_agreement(everyone: list[dict[str, Any]]) -> None:
     if any(theirs["options"] != everyone[0]["options"] for theirs in everyone):
         listing = "; ".join(
             f"rank {rank}: checkpoint_policy={theirs['options'][0]}, early_stopping_policy={theirs['options'][1]},"
-            f" per_rank_metrics={theirs['options'][2]}, hang checks={theirs['options'][3]}"
+            f" per_rank_metrics={theirs['options'][2]}, hang checks={theirs['options'][3]},"
+            f" preemption_policy={theirs['options'][4]}"
             for rank, theirs in enumerate(everyone)
         )
         raise PolicyMismatchError(f"The strategy is configured differently on different ranks: {listing}")
@@ -285,9 +302,12 @@ def _validate_agreement(everyone: list[dict[str, Any]]) -> None:
         )
 
 
-def _invalid_policies(checkpoint: DecisionPolicy, early_stopping: DecisionPolicy, world_size: int) -> str | None:
+def _invalid_policies(
+    checkpoint: DecisionPolicy, early_stopping: DecisionPolicy, world_size: int, preemption: DecisionPolicy | None
+) -> str | None:
     """What is wrong with the policies at this world size (checked locally, reported after the gather)."""
-    for name, policy in (("checkpoint_policy", checkpoint), ("early_stopping_policy", early_stopping)):
+    named = [("checkpoint_policy", checkpoint), ("early_stopping_policy", early_stopping)]
+    for name, policy in named + ([("preemption_policy", preemption)] if preemption is not None else []):
         try:
             policy.validate(world_size)
         except ValueError as error:
