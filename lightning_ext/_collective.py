@@ -1,6 +1,8 @@
 """The only module of lightning-ext that talks to other ranks (``docs/internals.md``)."""
 
 import contextlib
+import pickle
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
@@ -11,25 +13,29 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import PrefixStore, TCPStore
 
 __all__ = [
+    "CheckChannel",
+    "CheckExchange",
     "RankGroup",
     "abort_process_groups",
     "all_gather_objects",
     "all_reduce_row",
-    "destroy_group",
-    "gather_objects_in",
+    "exact_mean_input",
+    "exchange_partners",
+    "gather_in_store",
     "is_communication_failure",
     "is_initialized",
     "is_world",
     "lightning_barrier_skipped",
-    "side_group",
-    "start_all_to_all",
     "store_client",
+    "training_timeout",
     "wait_for",
 ]
 
 _DTYPES = {"int64": torch.int64, "float64": torch.float64}
 _OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}
 _STORE_TIMEOUT = timedelta(minutes=30)
+_GATHER_TIMEOUT = timedelta(seconds=60)
+_ALL_TO_ALL = dist.AllToAllOptions()
 
 
 @dataclass(frozen=True)
@@ -87,26 +93,156 @@ def is_world(group: Any) -> bool:
     return group is None or (is_initialized() and group is dist.group.WORLD)
 
 
-def side_group() -> Any:
-    """A gloo group over every rank, for lightning-ext's own checks (a collective: every rank must call it).
+class CheckChannel:
+    """This rank's links for the hang checks: a recursive-doubling exchange of ``(min, max)`` over pairs of ranks.
 
-    Checks run there so that a check can never pair with another collective on the training group: a rank that
-    waits in a check is never matched with a rank that went on into DDP's gradient all-reduce.
+    Each check passes one 62-bit value per rank; every rank learns the smallest and the largest, so every rank reaches
+    the same verdict (they agree exactly when the two are equal). In round ``i`` each rank swaps its running
+    ``(min, max)`` with the rank whose number differs in bit ``i``, so a check costs ``ceil(log2 W)`` messages per rank
+    in as many rounds, like gloo's dissemination barrier that it replaces (two more for the ranks beyond the largest
+    power of two, which fold their value into a partner first and take the result back last). Each pair talks over a
+    two-rank gloo group of its own, created through the store by the two ranks alone, apart from the training group:
+    a check can never pair with a collective of the training group.
+
+    Args:
+        namespace: the run's store namespace, identical on every rank.
+        rank: this rank.
+        world_size: the number of ranks.
+
     """
-    return dist.new_group(backend="gloo")
+
+    def __init__(self, namespace: str, rank: int, world_size: int) -> None:
+        self.rank, self.world_size = rank, world_size
+        self.rounds = exchange_partners(rank, world_size)
+        root = _root_store()
+        self._groups: dict[int, Any] = {}
+        for partner in dict.fromkeys(self.rounds):
+            low, high = sorted((rank, partner))
+            store = PrefixStore(f"{namespace}pair/{low}-{high}/", root)
+            self._groups[partner] = dist.ProcessGroupGloo(store, int(rank == high), 2, training_timeout())
+
+    def start(self, value: int) -> "CheckExchange":
+        """Start passing ``value``; the returned exchange completes once every round has."""
+        return CheckExchange(self, value)
+
+    def fill(self) -> None:
+        """Play this rank's part in a check it never started (its peers wait in it); nothing is read back."""
+        exchange = CheckExchange(self, 0)
+        exchange.abandon()
+
+    def close(self) -> None:
+        """Drop the pair groups (their connections close)."""
+        self._groups.clear()
+
+    def _swap(self, partner: int, low: int, high: int) -> tuple[torch.Tensor, Any]:
+        """Send ``(low, high)`` to ``partner``; returns the tensor that receives the partner's and the work."""
+        # fresh (an abandoned round may still read it), and on the CPU whatever the default device (init_module)
+        sent = torch.tensor((low, high, low, high), dtype=torch.int64, device="cpu")
+        received = torch.empty(4, dtype=torch.int64, device="cpu")
+        work = self._groups[partner].alltoall_base(received, sent, [], [], _ALL_TO_ALL)
+        return received, work
 
 
-def start_all_to_all(value: int, group: Any, world_size: int) -> tuple[torch.Tensor, Any]:
-    """The hang checks' all-to-all: start sending ``value`` to every rank of ``group``; returns the receiving tensor.
+class CheckExchange:
+    """One check in flight on a :class:`CheckChannel`: its rounds are started one after the other by :meth:`wait`."""
 
-    An all-to-all: every rank's value arrives in one round of messages, where gloo's all-reduce passes a small
-    tensor around its ring in about ``4 x world_size`` dependent steps (and its barrier in ``log2(world_size)``).
-    Element ``r`` of the tensor is rank ``r``'s value, the same tensor on every rank once the work completes.
+    def __init__(self, channel: CheckChannel, value: int) -> None:
+        self.channel = channel
+        self.low = self.high = value
+        self._round = 0
+        self._pending: tuple[int, torch.Tensor, Any] | None = None
+        self._start_round()
+
+    @property
+    def agreed(self) -> bool:
+        """Whether every rank passed the same value (read once :meth:`wait` returned ``True``)."""
+        return self.low == self.high
+
+    def wait(self, seconds: float) -> bool:
+        """Wait up to ``seconds`` for the remaining rounds: ``True`` once all completed, ``False`` if one is pending.
+
+        Raises:
+            RuntimeError: a round failed (a peer's process ended, ...).
+
+        """
+        deadline = time.monotonic() + seconds
+        while self._pending is not None:
+            partner, received, work = self._pending
+            if not wait_for(work, max(0.0, deadline - time.monotonic())):
+                return False
+            index = 0 if partner < self.channel.rank else 2
+            theirs_low, theirs_high = received.tolist()[index : index + 2]
+            self.low, self.high = min(self.low, theirs_low), max(self.high, theirs_high)
+            self._round += 1
+            self._start_round()
+        return True
+
+    def abandon(self) -> None:
+        """Start every remaining round at once without reading anything back, so that no peer waits on this rank."""
+        rounds = self.channel.rounds
+        while self._round < len(rounds):
+            self._round += 1
+            if self._round < len(rounds):
+                self.channel._swap(rounds[self._round], 0, 0)
+        self._pending = None
+
+    def _start_round(self) -> None:
+        rounds = self.channel.rounds
+        if self._round >= len(rounds):
+            self._pending = None
+            return
+        partner = rounds[self._round]
+        self._pending = (partner, *self.channel._swap(partner, self.low, self.high))
+
+
+def exchange_partners(rank: int, world_size: int) -> list[int]:
+    """The partner of ``rank`` in each round of a check (see :class:`CheckChannel`).
+
+    Example:
+        >>> exchange_partners(0, 4), exchange_partners(2, 3), exchange_partners(0, 3)
+        ([1, 2], [0, 0], [2, 1, 2])
+
     """
-    sent = torch.full((world_size,), value, dtype=torch.int64)
-    received = torch.empty(world_size, dtype=torch.int64)
-    work = dist.all_to_all_single(received, sent, group=group, async_op=True)
-    return received, work
+    power = 1
+    while power * 2 <= world_size:
+        power *= 2
+    if rank >= power:  # fold into a partner, take the result back
+        return [rank - power, rank - power]
+    butterfly = [rank ^ distance for distance in _powers_below(power)]
+    extra = rank + power
+    return [extra, *butterfly, extra] if extra < world_size else butterfly
+
+
+def _powers_below(limit: int) -> list[int]:
+    powers, value = [], 1
+    while value < limit:
+        powers.append(value)
+        value *= 2
+    return powers
+
+
+def exact_mean_input(tensor: Any, reduce_op: Any) -> Any:
+    """``tensor`` as a float tensor when ``strategy.reduce`` is asked for the mean of integers, else ``tensor``.
+
+    Lightning's ``_sync_ddp`` divides an integer sum by the world size in place, truncating it: a logged mean's batch
+    count, so a synced epoch mean is wrong when the ranks' batch-size totals differ (Lightning #21859). The mean of the
+    same numbers as floats is exact.
+
+    Example:
+        >>> exact_mean_input(torch.tensor(7), "mean").dtype == torch.get_default_dtype()
+        True
+        >>> exact_mean_input(torch.tensor(7), "sum").dtype
+        torch.int64
+
+    """
+    if (
+        isinstance(tensor, torch.Tensor)
+        and isinstance(reduce_op, str)
+        and reduce_op.lower() in ("mean", "avg")
+        and not (torch.is_floating_point(tensor) or torch.is_complex(tensor))
+    ):
+        return tensor.to(torch.get_default_dtype())
+    return tensor
 
 
 def wait_for(work: Any, seconds: float) -> bool:
@@ -116,20 +252,25 @@ def wait_for(work: Any, seconds: float) -> bool:
         RuntimeError: the collective itself failed (a peer closed its connection, ...).
 
     """
-    try:
-        work.wait(timeout=timedelta(seconds=seconds))
+    try:  # at least a millisecond: a timeout of 0 means "no timeout" to c10d, a wait for ever
+        work.wait(timeout=timedelta(seconds=max(seconds, 0.001)))
     except RuntimeError:
-        if work.is_completed():
-            raise
-        return False
+        if not work.is_completed():
+            return False
+        work.wait()  # it completed just after the timeout: returns at once, or raises the collective's own error
     return True
 
 
-def gather_objects_in(obj: Any, group: Any, world_size: int) -> list[Any]:
-    """Every rank's ``obj`` on ``group``, in rank order (pickled; for error paths)."""
-    gathered: list[Any] = [None] * world_size
-    dist.all_gather_object(gathered, obj, group=group)
-    return gathered
+def gather_in_store(store: Any, key: str, obj: Any, world_size: int, rank: int) -> list[Any]:
+    """Every rank's ``obj`` under ``key``, in rank order, exchanged through the store (for error paths only).
+
+    Each rank writes its own entry and reads everyone's: ``world_size`` small store operations per rank, and no
+    collective, so it works while the training group is blocked.
+    """
+    store.set(f"{key}/{rank}", pickle.dumps(obj))
+    keys = [f"{key}/{other}" for other in range(world_size)]
+    store.wait(keys, _GATHER_TIMEOUT)
+    return [pickle.loads(store.get(name)) for name in keys]
 
 
 def store_client(namespace: str) -> Any:
@@ -138,20 +279,28 @@ def store_client(namespace: str) -> Any:
     Its own connection, because a TCPStore client serves one request at a time: a watchdog blocked in ``wait`` on
     the default group's client would stall every store operation of the training thread.
     """
+    return PrefixStore(namespace, _root_store())
+
+
+def _root_store() -> Any:
+    """A new client of the default group's store server (the store itself, if it is not a TCPStore)."""
     store = dist.distributed_c10d._get_default_store()
     root = store
     while isinstance(root, PrefixStore):
         root = root.underlying_store
     if isinstance(root, TCPStore):
         root = TCPStore(root.host, root.port, is_master=False, wait_for_workers=False, timeout=_STORE_TIMEOUT)
-    return PrefixStore(namespace, root)
+    return root
 
 
-def destroy_group(group: Any) -> None:
-    """Destroy a group created by :func:`side_group` (nothing if the process groups are already gone)."""
-    if is_initialized():
+def training_timeout() -> timedelta:
+    """The default process group's timeout (what ends a stuck collective of the training group), else 30 minutes."""
+    group = dist.distributed_c10d._get_default_group()
+    for device in ("cpu", "cuda"):
         with contextlib.suppress(Exception):
-            dist.destroy_process_group(group)
+            timeout: timedelta = group._get_backend(torch.device(device)).options._timeout
+            return timeout
+    return _STORE_TIMEOUT
 
 
 @contextlib.contextmanager

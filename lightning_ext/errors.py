@@ -17,6 +17,7 @@ __all__ = [
     "RankFailedError",
     "RankMetricsError",
     "RankMetricsWarning",
+    "RankSignalledError",
     "SeriesNotApplicableError",
     "UnevenBatchesError",
 ]
@@ -57,6 +58,10 @@ class DivergentCollectiveError(CrossRankError):
 
 class RankFailedError(CrossRankError):
     """Another rank raised; its error and traceback are in the message."""
+
+
+class RankSignalledError(CrossRankError):
+    """A rank received SIGTERM or SIGINT (a preemption notice, ``kill``, Ctrl-C) and the others did not."""
 
 
 # ---- the per-rank metrics files --------------------------------------------------------------------------------------

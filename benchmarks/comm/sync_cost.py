@@ -10,10 +10,11 @@ from dataclasses import dataclass
 
 from benchmarks.comm.row_cost import Spread
 from benchmarks.comm.session import SessionResult
+from benchmarks.comm.training import BASELINES, SYNCED
 
 __all__ = ["SyncCost", "sync_costs", "sync_lines"]
 
-_CHECKED = ("hang_checks", "hang_checks_debug")
+_CHECKED = ("hang_checks", "hang_checks_debug", "hang_checks_5_synced")
 
 
 @dataclass(frozen=True)
@@ -24,7 +25,7 @@ class SyncCost:
         session: the session's label.
         stock_us: stock's time per step in barriers (median over the fits, and range).
         checked_us: per checked configuration, its time per step in checks and barriers.
-        extra_us: per checked configuration, its time minus stock's, fit by fit.
+        extra_us: per checked configuration, its time minus its stock baseline's, fit by fit, per synced value.
 
     """
 
@@ -47,10 +48,16 @@ def sync_costs(results: list[SessionResult]) -> list[SyncCost]:
             SyncCost(
                 session=result.spec.label,
                 stock_us=Spread.of(stock),
-                checked_us={config: Spread.of(micros[config]) for config in _CHECKED},
+                checked_us={config: Spread.of(micros[config]) for config in _CHECKED if config in micros},
                 extra_us={
-                    config: Spread.of([ours - base for ours, base in zip(micros[config], stock, strict=True)])
+                    config: Spread.of(
+                        [
+                            (ours - base) / SYNCED.get(config, 1)
+                            for ours, base in zip(micros[config], micros[BASELINES.get(config, "stock")], strict=True)
+                        ]
+                    )
                     for config in _CHECKED
+                    if config in micros
                 },
             )
         )
@@ -64,8 +71,9 @@ def sync_lines(costs: list[SyncCost]) -> list[str]:
         lines.append(f"- {cost.session}, stock: {cost.stock_us} per step in Lightning's barriers.")
         lines += [
             f"- {cost.session}, `{config}`: {cost.checked_us[config]} per step in checks (and barriers left);"
-            f" **{cost.extra_us[config].median:+.1f} µs per step** against stock, fit by fit"
+            f" **{cost.extra_us[config].median:+.1f} µs per synced value** against"
+            f" `{BASELINES.get(config, 'stock')}`'s barriers, fit by fit"
             f" (range {cost.extra_us[config].low:+.1f} to {cost.extra_us[config].high:+.1f})."
-            for config in _CHECKED
+            for config in cost.checked_us
         ]
     return lines

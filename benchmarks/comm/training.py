@@ -72,7 +72,7 @@ from lightning_ext._hang.lockstep import Lockstep
 from lightning_ext._per_rank.local_values import record_update
 from lightning_ext._per_rank.logger import loggers_for
 
-__all__ = ["BASELINES", "CONFIGS", "ROW_LOOPS_PER_STEP", "SKIP_STEPS", "TrainingResult", "run_training"]
+__all__ = ["BASELINES", "CONFIGS", "ROW_LOOPS_PER_STEP", "SKIP_STEPS", "SYNCED", "TrainingResult", "run_training"]
 
 CONFIGS = (
     "stock",
@@ -82,13 +82,23 @@ CONFIGS = (
     "hang_checks_debug",
     "stock_stream",
     "unsized_checks",
+    "stock_5_synced",
+    "stock_5_synced_twin",
+    "hang_checks_5_synced",
 )
-BASELINES = {"unsized_checks": "stock_stream"}  # what a configuration is compared with, if not "stock"
+# what a configuration is compared with, if not "stock"
+BASELINES = {
+    "unsized_checks": "stock_stream",
+    "stock_5_synced_twin": "stock_5_synced",
+    "hang_checks_5_synced": "stock_5_synced",
+}
+SYNCED = {"stock_5_synced": 5, "stock_5_synced_twin": 5, "hang_checks_5_synced": 5}  # synced values per step, if not 1
 _OPTIONS: dict[str, dict[str, Any]] = {
     "per_rank_metrics": {"per_rank_metrics": True, "hang_checks": False},
     "hang_checks": {},
     "hang_checks_debug": {"hang_checks": "debug"},
     "unsized_checks": {"check_unsized_loaders": True},
+    "hang_checks_5_synced": {},
 }
 _STREAMS = ("stock_stream", "unsized_checks")
 SKIP_STEPS = 5
@@ -124,14 +134,15 @@ class TrainingResult:
 
 
 class _SmallModel(L.LightningModule):
-    """A two-layer regression; logs one synced and one un-synced metric every step.
+    """A two-layer regression; logs ``synced`` synced metrics and one un-synced metric every step.
 
     With ``row_loops``, the batch ``loop_at`` runs the per-rank row path that many times (see the module docstring)
     and keeps the time it took in :attr:`loop_ns` and :attr:`loop_cpu_ns`.
     """
 
-    def __init__(self, row_loops: int = 0, loop_at: int = -1) -> None:
+    def __init__(self, row_loops: int = 0, loop_at: int = -1, synced: int = 1) -> None:
         super().__init__()
+        self.synced = synced
         self.net = torch.nn.Sequential(torch.nn.Linear(_FEATURES, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
         self.row_loops, self.loop_at = row_loops, loop_at
         self.loop_ns = self.loop_cpu_ns = 0
@@ -142,6 +153,8 @@ class _SmallModel(L.LightningModule):
         loss = torch.nn.functional.mse_loss(prediction, y)
         mae = (prediction - y).abs().mean()
         self.log("train_loss", loss, on_step=True, on_epoch=False, sync_dist=True)
+        for index in range(1, self.synced):
+            self.log(f"train_loss_{index}", loss + index, on_step=True, on_epoch=False, sync_dist=True)
         self.log("train_mae", mae, on_step=True, on_epoch=False)
         if batch_idx == self.loop_at and self.row_loops:
             self._row_loop(loss, mae)
@@ -282,7 +295,9 @@ def _fit(
         default_root_dir=root,
     )
     # the row loop runs at the last batch, after the last timed window
-    model = _SmallModel(row_loops if config == "per_rank_metrics" else 0, loop_at=batches - 1)
+    model = _SmallModel(
+        row_loops if config == "per_rank_metrics" else 0, loop_at=batches - 1, synced=SYNCED.get(config, 1)
+    )
     context: AbstractContextManager[object] = stock_lightning() if stock else nullcontext()
     with context:
         trainer.fit(model, _loader(world_size, batches, seed, stream=config in _STREAMS))

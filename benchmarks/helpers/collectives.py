@@ -3,7 +3,8 @@
 Lightning, torchmetrics and lightning-ext all call collectives through the ``torch.distributed`` module
 (``torch.distributed.all_reduce(...)``), and those functions are what is counted: the real operation still runs.
 Collectives that torch makes from C++ (the DDP gradient buckets) are not counted, and a call such as
-``all_gather_object`` counts once, although it exchanges twice on the wire.
+``all_gather_object`` counts once, although it exchanges twice on the wire. lightning-ext's hang checks talk over
+gloo groups of their own, not through those functions: each check is counted as ``"check"``.
 """
 
 import functools
@@ -13,6 +14,8 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch.distributed as dist
+
+from lightning_ext._collective import CheckChannel
 
 __all__ = ["COLLECTIVES", "count_collectives"]
 
@@ -59,9 +62,12 @@ def count_collectives() -> Iterator[Counter[str]]:
         if function is not None:
             originals[name] = function
             setattr(dist, name, _counted(function, name, counts))
+    start = CheckChannel.start
+    CheckChannel.start = _counted(start, "check", counts)  # type: ignore[method-assign]
     try:
         yield counts
     finally:
+        CheckChannel.start = start  # type: ignore[method-assign]
         for name, function in originals.items():
             setattr(dist, name, function)
 

@@ -7,11 +7,15 @@ from typing import Any, Literal
 
 from lightning.pytorch.trainer.states import TrainerStatus
 from torch import Tensor
+from torch.nn.parallel import DistributedDataParallel
 
-from lightning_ext import _collective
+from lightning_ext import _collective, errors
 from lightning_ext._hang import loaders, logs
+from lightning_ext._hang.facts import Recorder
 from lightning_ext._hang.lockstep import Lockstep, Point, raise_record, record_of
-from lightning_ext._hang.watchdog import Watchdog, is_library
+from lightning_ext._hang.messages import signalled_message
+from lightning_ext._hang.sites import called_as
+from lightning_ext._hang.watchdog import Watchdog
 from lightning_ext.errors import is_joint
 
 __all__ = ["HangChecks", "HangGuard", "UnevenMode", "validate_options"]
@@ -54,9 +58,11 @@ class HangGuard:
         """Create the check group and the watchdog (every rank, at set-up, after the process group exists)."""
         if not self.mode or world_size < 2 or not _collective.is_initialized():
             return
-        group = _collective.side_group()
-        watchdog = Watchdog(namespace, rank, world_size)
-        self.lockstep = Lockstep(group, watchdog, self._safe_flush)
+        recorder = Recorder(rank, world_size, trainer)
+        channel = _collective.CheckChannel(namespace, rank, world_size)
+        recorder.install()
+        self.lockstep = Lockstep(channel, Watchdog(namespace, recorder), self._safe_flush)
+        recorder.on_signal = self._on_signal
         logs.start(self.lockstep, trainer)
         loaders.start(loaders.LoaderChecks(self.lockstep, self.uneven_batches, self.check_unsized_loaders))
 
@@ -74,9 +80,40 @@ class HangGuard:
             return
         logs.stop()
         loaders.stop()
+        lockstep.recorder.uninstall()
         with contextlib.suppress(Exception):
             lockstep.watchdog.stop()
-        _collective.destroy_group(lockstep.group)
+        lockstep.close()
+
+    def watch_signals(self) -> None:
+        """Note the signals this rank receives from now on (once Lightning has installed its handlers)."""
+        if self.lockstep is not None:
+            self.lockstep.recorder.watch_signals()
+
+    def watch_backward_passes(self, strategy: Any) -> None:
+        """Note when ``strategy``'s rank is in an autograd backward pass, and whether DDP all-reduces its gradients.
+
+        The autograd backward runs inside the precision plugin's ``backward``; ``on_after_backward`` (which may log)
+        runs after it returns, outside the pass. Only a DDP model's sync is known (``require_backward_grad_sync`` is
+        off within ``no_sync``, when gradients accumulate); under other strategies the pass is not reported.
+        """
+        plugin = strategy.precision_plugin
+        if self.lockstep is None or "backward" in plugin.__dict__:
+            return
+        backward, recorder = plugin.backward, self.lockstep.recorder
+
+        def watched_backward(*args: Any, **kwargs: Any) -> Any:
+            model = strategy.model
+            synced = bool(model.require_backward_grad_sync) if isinstance(model, DistributedDataParallel) else None
+            with recorder.backward_pass(synced):
+                return backward(*args, **kwargs)
+
+        plugin.__dict__["backward"] = watched_backward
+
+    @staticmethod
+    def unwatch_backward_passes(strategy: Any) -> None:
+        """Undo :meth:`watch_backward_passes`."""
+        strategy.precision_plugin.__dict__.pop("backward", None)
 
     def reduce(self, reduce: Callable[..., Any], tensor: Any, group: Any, reduce_op: Any) -> Any:
         """``strategy.reduce`` with a check in place of Lightning's barrier."""
@@ -84,8 +121,13 @@ class HangGuard:
         if self.lockstep is None or checks is None or not _collective.is_world(group) or not isinstance(tensor, Tensor):
             return reduce(tensor, group=group, reduce_op=reduce_op)
         logs.check_reduce(checks, tensor, reduce_op)
-        with _collective.lightning_barrier_skipped():  # the check above is that barrier
-            return reduce(tensor, group=group, reduce_op=reduce_op)
+        recorder = self.lockstep.recorder
+        recorder.checked = True
+        try:
+            with _collective.lightning_barrier_skipped():  # the check above is that barrier
+                return reduce(tensor, group=group, reduce_op=reduce_op)
+        finally:
+            recorder.checked = False
 
     def check_call(self, call: str, identity: tuple[Any, ...], *, debug_only: bool = False) -> None:
         """Check before a collective call of the strategy (``barrier``, ``broadcast``, ``all_gather``)."""
@@ -107,7 +149,21 @@ class HangGuard:
         posted = lockstep.watchdog.read_posted()
         if posted is not None and posted.rank != rank and _collective.is_communication_failure(error):
             raise_record(posted, cause=error)
-        lockstep.watchdog.post(record_of(error, rank, joint=False))
+        lockstep.watchdog.post(record_of(error, rank, joint=False, recorder=lockstep.recorder))
+
+    def _on_signal(self, name: str, text: str) -> None:
+        """On SIGTERM, end every rank with one ``RankSignalledError`` instead of running Lightning's handler.
+
+        Lightning's SIGTERM handler makes a collective call (a broadcast) on the signalled rank alone, which pairs with
+        whatever collective the other ranks make next: the job hangs (Lightning #20806) or mixes up values. Here the
+        first signalled rank's error is posted (the first post wins, so a signal to every rank still gives one
+        message) and raised at once; the other ranks learn of it from their watchdogs.
+        """
+        lockstep = self.lockstep
+        if name != "SIGTERM" or lockstep is None:
+            return
+        error = errors.RankSignalledError(signalled_message(lockstep.rank, text))
+        lockstep.fail_alone(error)
 
     def _safe_flush(self) -> None:
         with contextlib.suppress(Exception):  # a diagnostic must never stand in the way of the real error
@@ -116,13 +172,5 @@ class HangGuard:
 
 def _called_as(frame: Any) -> str:
     """``(via Trainer.log_dir) called from model.py:40 in validation_step``: the API the user called, and where."""
-    api = None
-    while frame is not None:
-        path = frame.f_code.co_filename.replace("\\", "/")
-        if not is_library(path):
-            via = f"via {api} " if api else ""
-            return f"{via}called from {frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}"
-        if "/lightning/" in path:
-            api = getattr(frame.f_code, "co_qualname", frame.f_code.co_name)  # co_qualname: Python 3.11+
-        frame = frame.f_back
-    return f"via {api}" if api else ""
+    api, site = called_as(frame)
+    return f"via {api} called from {site}" if api else f"called from {site}"

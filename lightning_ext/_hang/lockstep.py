@@ -10,14 +10,18 @@ from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 from lightning_ext import _collective, errors
-from lightning_ext._hang.messages import describe_deadlock, describe_divergence
-from lightning_ext._hang.watchdog import ErrorRecord, Location, Watchdog
+from lightning_ext._hang.facts import Facts, Recorder
+from lightning_ext._hang.messages import describe_deadlock, describe_divergence, signalled_message
+from lightning_ext._hang.verdict import deadlock
+from lightning_ext._hang.watchdog import ErrorRecord, Watchdog
 from lightning_ext.errors import mark_joint
 
-__all__ = ["Lockstep", "Point", "raise_record", "record_of"]
+__all__ = ["Label", "Lockstep", "Point", "labelled", "raise_record", "record_of"]
 
-_FIRST_WAIT = 2.0  # seconds before a waiting rank asks where the others are
-_NEXT_WAIT = 1.0  # between two looks: a rank is stuck only if it has not moved in between
+Label = str | Callable[[], str]
+
+_FIRST_WAIT = 2.0  # seconds before a waiting rank first asks the others for their facts
+_NEXT_WAIT = 1.0  # then between two looks, doubling up to _MAX_WAIT (only when to look: no verdict depends on it)
 _MAX_WAIT = 30.0
 
 
@@ -38,18 +42,35 @@ class Point:
     where: str
     detail: Any = field(default=None, compare=False)
     position: int = field(default=0, compare=False)  # set on the error path: where in the run (a batch number)
+    facts: Facts | None = field(default=None, compare=False)  # set on the error path: the rank's facts then
 
-    @property
+    @functools.cached_property
     def fingerprint(self) -> int:
         """A 62-bit digest of ``identity`` (it fits an int64, sent as one)."""
         return _fingerprint(self.identity)
 
 
-def _at(fingerprint: int, position: int) -> int:
-    """``fingerprint`` made specific to ``position`` (still 62 bits)."""
-    if not position:
-        return fingerprint
-    return (fingerprint ^ (position * 0x9E3779B97F4A7C15)) & 0x3FFFFFFFFFFFFFFF
+def _at(fingerprint: int, position: int, calls: int) -> int:
+    """``fingerprint`` made specific to ``position`` and to the number of collective calls made so far (62 bits)."""
+    if position:
+        fingerprint ^= position * 0x9E3779B97F4A7C15
+    if calls:
+        fingerprint ^= calls * 0xC2B2AE3D27D4EB4F
+    return fingerprint & 0x3FFFFFFFFFFFFFFF
+
+
+def _nothing() -> None:
+    return None
+
+
+def _ignore_signal(name: str, text: str) -> None:
+    return None
+
+
+def labelled(point: Point, position: int, label: Label) -> Point:
+    """``point`` described with its ``label`` (``"... at batch_idx 3 of training"``), for an error message."""
+    text = label() if callable(label) else label
+    return dataclasses.replace(point, where=f"{point.where} at {text}", position=position) if text else point
 
 
 @functools.lru_cache(maxsize=4096)
@@ -62,54 +83,71 @@ class Lockstep:
     """The checks of one rank in one run (a no-op at world size 1).
 
     Args:
-        group: the gloo group of the checks (see :func:`lightning_ext._collective.side_group`).
-        watchdog: this rank's watchdog.
+        channel: this rank's links for the checks.
+        watchdog: this rank's watchdog (its recorder holds this rank's facts).
         before_error: called before this rank raises any error here (flushes per-rank files).
 
     """
 
-    def __init__(self, group: Any, watchdog: Watchdog, before_error: Callable[[], None]) -> None:
-        self.group = group
+    def __init__(self, channel: _collective.CheckChannel, watchdog: Watchdog, before_error: Callable[[], None]) -> None:
+        self.channel = channel
         self.watchdog = watchdog
+        self.recorder: Recorder = watchdog.recorder
         self.rank = watchdog.rank
         self.world_size = watchdog.world_size
         self.count = 0  # checks started by this rank (including those its watchdog completes for it)
         self._before_error = before_error
         self._lock = threading.Lock()
-        self._fillers: list[Any] = []
         watchdog.on_error = self.complete_pending
 
-    def agree(self, point: Point, position: int = 0) -> bool:
-        """Whether every rank is at the same point (and ``position``, e.g. the batch). Raises a posted error."""
+    def agree(self, point: Point, position: int = 0, label: Label = "") -> bool:
+        """Whether every rank is at the same point (and ``position``, e.g. the batch). Raises a posted error.
+
+        ``label`` says ``position`` for people, on the error paths only (a string, or a function that returns one).
+        """
         posted = self.watchdog.posted()
         if posted is not None:
             self._before_error()
             raise_record(posted)
-        fingerprint = _at(point.fingerprint, position)
+        recorder = self.recorder
+        fingerprint = _at(point.fingerprint, position, recorder.total())
         with self._lock:
             self.count += 1
-            row, work = _collective.start_all_to_all(fingerprint, self.group, self.world_size)
-        if not _collective.wait_for(work, _FIRST_WAIT):
-            self._wait_long(work, point)
-        fingerprints: list[int] = row.tolist()
-        return min(fingerprints) == max(fingerprints)
+            exchange = self.channel.start(fingerprint)
+        recorder.check = (self.count, point.where)
+        try:
+            if not exchange.wait(_FIRST_WAIT):
+                self._wait_long(exchange, point, label)
+            recorder.checks = self.count
+        finally:
+            recorder.check = None
+        posted = self.watchdog.posted()
+        if posted is not None:  # the check was completed by other ranks' watchdogs: the run is failing
+            self._before_error()
+            raise_record(posted)
+        return exchange.agreed
 
-    def require(self, point: Point, position: int = 0, label: str = "") -> None:
+    def require(self, point: Point, position: int = 0, label: Label = "") -> None:
         """Check ``point``; if the ranks differ, raise the same error, naming every rank's point, on every rank.
 
         Args:
             point: what this rank is about to do.
             position: where in the run it does it (the batch number of a step value), part of what must agree.
-            label: ``position`` for people (``"batch 12"``), added to the point's description on the error path.
+            label: ``position`` for people (``"batch_idx 3 of training"``), added to the point's description on the
+                error paths; a function is called only there.
 
         """
-        if not self.agree(point, position):
-            mine = dataclasses.replace(point, where=f"{point.where} at {label}", position=position) if label else point
-            self.fail_jointly(describe_divergence(self.gather(mine)))
+        if not self.agree(point, position, label):
+            self.fail_jointly(describe_divergence(self.gather(labelled(point, position, label))))
 
     def gather(self, point: Point) -> list[Point]:
-        """Every rank's point (after a check that found them different: every rank calls this then)."""
-        points: list[Point] = _collective.gather_objects_in(point, self.group, self.world_size)
+        """Every rank's point, with its facts (after a check that found them different: every rank calls this then).
+
+        The points travel through the store, not a collective: this is the error path, and it runs once per check.
+        """
+        mine = dataclasses.replace(point, facts=self.recorder.snapshot())
+        key = f"gather/{self.count}"
+        points: list[Point] = _collective.gather_in_store(self.watchdog.store, key, mine, self.world_size, self.rank)
         return points
 
     def fail_jointly(self, error: errors.CrossRankError) -> NoReturn:
@@ -120,8 +158,15 @@ class Lockstep:
     def fail_alone(self, error: BaseException) -> NoReturn:
         """Report ``error`` to every rank (their watchdogs release them), then raise it here."""
         self._before_error()
-        record = self.watchdog.post(record_of(error, self.rank, joint=False))
+        record = self.watchdog.post(record_of(error, self.rank, joint=False, recorder=self.recorder))
         raise_record(record, cause=error)
+
+    def close(self) -> None:
+        """Release the checks' links now, on every rank alike (the watchdog is stopped): no reference cycle keeps
+        them, and their gloo groups, until the garbage collector runs at some other time on each rank."""
+        self.watchdog.on_error = _nothing
+        self.recorder.on_signal = _ignore_signal
+        self.channel.close()
 
     def complete_pending(self) -> None:
         """The run is failing: join the checks other ranks still wait in, so no rank is left with a pending one.
@@ -133,54 +178,48 @@ class Lockstep:
         with self._lock:
             while self.count < target:
                 self.count += 1
-                self._fillers.append(_collective.start_all_to_all(0, self.group, self.world_size))
+                self.channel.fill()
 
-    def _wait_long(self, work: Any, point: Point) -> None:
-        self.watchdog.check = (self.count, point.where)
+    def _wait_long(self, exchange: _collective.CheckExchange, point: Point, label: Label) -> None:
         self.watchdog.publish_pending(self.count)
-        try:
-            seen: dict[int, Location] = {}
-            wait = _NEXT_WAIT
-            while True:
-                posted = self.watchdog.posted()
-                if posted is not None:
-                    self._before_error()
-                    self.watchdog.request_completion()  # our check is pending: have the others join it
-                    raise_record(posted)
-                if self.watchdog.claim(f"diagnose/{self.count}/{point.fingerprint}"):
-                    seen = self._diagnose(point, seen)
-                try:
-                    if _collective.wait_for(work, wait):
-                        return
-                except RuntimeError as failure:  # a peer's process ended: it posted why
-                    posted = self.watchdog.read_posted()
-                    self._before_error()
-                    if posted is None:
-                        raise
-                    raise_record(posted, cause=failure)
-                wait = min(2 * wait, _MAX_WAIT)
-        finally:
-            self.watchdog.check = None
+        wait = _NEXT_WAIT
+        while True:
+            posted = self.watchdog.posted()
+            if posted is not None:
+                exchange.abandon()
+                self._before_error()
+                self.watchdog.request_completion()  # our check is pending: have the others join it
+                raise_record(posted)
+            if self.watchdog.claim(f"diagnose/{self.count}/{point.fingerprint}"):
+                self._diagnose(labelled(point, 0, label), exchange)
+            try:
+                if exchange.wait(wait):
+                    return
+            except RuntimeError as failure:  # a peer's process ended: it posted why
+                posted = self.watchdog.read_posted()
+                self._before_error()
+                if posted is None:
+                    raise
+                raise_record(posted, cause=failure)
+            wait = min(2 * wait, _MAX_WAIT)
 
-    def _diagnose(self, point: Point, seen: dict[int, Location]) -> dict[int, Location]:
-        """Look where the other ranks are; raise if every missing rank is stuck elsewhere (a deadlock)."""
+    def _diagnose(self, point: Point, exchange: _collective.CheckExchange) -> None:
+        """Ask every rank for its facts; raise if they prove that the missing ranks cannot come (a deadlock)."""
         others = [rank for rank in range(self.world_size) if rank != self.rank]
-        locations = self.watchdog.locate(others)
-        missing = [loc for loc in locations.values() if loc.check is None or loc.check[0] != self.count]
-        stuck = [
-            loc
-            for loc in missing
-            if loc.blocked_in is not None and loc.rank in seen and seen[loc.rank].signature == loc.signature
-        ]
-        if missing and len(stuck) == len(missing) and len(locations) == len(others):
-            self.fail_alone(describe_deadlock(point, self.rank, stuck))
-        return locations
+        facts = self.watchdog.facts_of(others)
+        if len(facts) < len(others):  # a rank that does not answer proves nothing (its process may be gone)
+            return
+        found = deadlock(self.count, [self.recorder.snapshot(), *facts.values()])
+        if found is not None and not exchange.wait(0):  # and this rank's own check has not completed meanwhile
+            self.fail_alone(describe_deadlock(point, *found))
 
 
-def record_of(error: BaseException, rank: int, *, joint: bool) -> ErrorRecord:
-    """The board entry for ``error`` raised on ``rank``."""
+def record_of(error: BaseException, rank: int, *, joint: bool, recorder: Recorder | None = None) -> ErrorRecord:
+    """The board entry for ``error`` raised on ``rank`` (a signal that rank received is named as the cause)."""
     if isinstance(error, errors.CrossRankError):
         return ErrorRecord(type(error).__name__, str(error), rank, joint)
+    if recorder is not None and recorder.signal is not None:
+        return ErrorRecord("RankSignalledError", signalled_message(rank, recorder.signal, error), rank, joint)
     text = "".join(traceback.format_exception(error)).rstrip()
     message = f"Rank {rank} failed with {type(error).__name__}: {error}\n--- rank {rank} traceback ---\n{text}"
     return ErrorRecord("RankFailedError", message, rank, joint)

@@ -1,5 +1,6 @@
 """Checks on synced logging: the same keys, synced in the same order, on every rank, before Lightning syncs them."""
 
+import functools
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -7,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lightning_ext._hang.lockstep import Lockstep, Point
-from lightning_ext._hang.watchdog import is_library
+from lightning_ext._hang.sites import user_site as site_of
 
 __all__ = [
     "LogChecks",
@@ -135,9 +136,21 @@ def check_reduce(checks: LogChecks, tensor: Any, reduce_op: Any) -> None:
         return
     point = _log_point(checks, metric)
     if checks.phase == "step":
-        checks.lockstep.require(point, checks.batches, f"batch {checks.batches}")
+        checks.lockstep.require(point, checks.batches, functools.partial(batch_label, checks.trainer))
     else:  # an epoch value computed outside an epoch round
         checks.lockstep.require(point, -_round(checks, None)[1], f"epoch {checks.trainer.current_epoch}")
+
+
+def batch_label(trainer: Any) -> str:
+    """``batch_idx 3 of training epoch 0``: the batch a step value is logged at, as the user's hooks number it."""
+    try:
+        if trainer.training:
+            return f"batch_idx {trainer.fit_loop.epoch_loop.batch_idx} of training epoch {trainer.current_epoch}"
+        loop = trainer._evaluation_loop
+        stage = "the sanity check" if trainer.sanity_checking else "testing" if trainer.testing else "validation"
+        return f"batch_idx {loop.batch_progress.current.ready - 1} of {stage} (epoch {trainer.current_epoch})"
+    except Exception:  # a label for people: never an error of its own
+        return "this batch"
 
 
 def _log_point(checks: LogChecks, metric: Any) -> Point:
@@ -157,13 +170,7 @@ def _log_point(checks: LogChecks, metric: Any) -> Point:
 
 def user_site() -> str:
     """``file:line in function`` of the innermost caller outside torch, Lightning, lightning-ext and the stdlib."""
-    frame = sys._getframe(1)
-    while frame is not None:
-        path = frame.f_code.co_filename.replace("\\", "/")
-        if not is_library(path):
-            return f"{frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}"
-        frame = frame.f_back  # type: ignore[assignment]
-    return "an unknown place"
+    return str(site_of(sys._getframe(1)))
 
 
 def _round(checks: LogChecks, results: Any) -> tuple[str, int]:

@@ -1,35 +1,25 @@
-"""A per-rank watchdog thread: it reports where its rank is stuck, and delivers another rank's error."""
+"""A per-rank watchdog thread: it reports its rank's facts when asked, and delivers another rank's error."""
 
 import atexit
 import contextlib
-import hashlib
 import json
-import sys
-import sysconfig
+import pickle
 import threading
-import traceback
 import uuid
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from pathlib import Path
 
 from lightning_ext import _collective
+from lightning_ext._hang.facts import Facts, Recorder
 
-__all__ = ["ErrorRecord", "Location", "Watchdog", "is_library"]
+__all__ = ["ErrorRecord", "Watchdog"]
 
 _ANSWER_TIMEOUT = timedelta(seconds=5)
 _STOP_WAIT = timedelta(seconds=10)
 _EXIT_WAIT = timedelta(seconds=2)
 _IDLE_WAIT = timedelta(hours=24)  # the thread sleeps in the store until mail arrives; stop() sends mail
-_STDLIB = Path(sysconfig.get_paths()["stdlib"]).as_posix()
-# installed packages (torch's site-packages) and lightning-ext itself, wherever it lives
-_PACKAGES = tuple(
-    Path(module.__file__).parents[levels].as_posix() + "/"
-    for module, levels in ((sys.modules.get("torch"), 1), (sys.modules.get("lightning_ext"), 0))
-    if module is not None and module.__file__ is not None
-)
 
 
 @dataclass(frozen=True)
@@ -50,56 +40,24 @@ class ErrorRecord:
     joint: bool = False
 
 
-@dataclass(frozen=True)
-class Location:
-    """Where one rank's training thread is, as its watchdog saw it.
-
-    Attributes:
-        rank: the rank.
-        check: the lightning-ext check it waits in, as ``(sequence number, description)``, or ``None``.
-        blocked_in: the blocking call its training thread is inside (a ``torch.distributed`` function or autograd's
-            ``backward``), or ``None`` if it is running other code.
-        at: the innermost frame of user code (``file:line in function``), or ``None``.
-        signature: a digest of the whole stack, to tell a thread that is stuck from one that moves.
-
-    """
-
-    rank: int
-    check: tuple[int, str] | None
-    blocked_in: str | None
-    at: str | None
-    signature: str
-
-    def describe(self) -> str:
-        """One clause for an error message."""
-        if self.check is not None:
-            return f"rank {self.rank} is waiting at {self.check[1]}"
-        where = f" (called from {self.at})" if self.at else ""
-        if self.blocked_in is not None:
-            return f"rank {self.rank} is blocked in {self.blocked_in}{where}"
-        return f"rank {self.rank} is running {self.at or 'outside user code'}"
-
-
 class Watchdog:
     """The watchdog of this rank: location queries, the error board, and the thread that serves both.
 
     Args:
         namespace: the run's store namespace, identical on every rank.
-        rank: this rank.
-        world_size: the number of ranks.
+        recorder: this rank's facts.
 
     """
 
-    def __init__(self, namespace: str, rank: int, world_size: int) -> None:
-        self.rank = rank
-        self.world_size = world_size
-        self.check: tuple[int, str] | None = None  # set by the training thread around each check wait
+    def __init__(self, namespace: str, recorder: Recorder) -> None:
+        self.rank = recorder.rank
+        self.world_size = recorder.world_size
+        self.recorder = recorder
         self._store = _collective.store_client(namespace)  # the training thread's
         self._thread_store = _collective.store_client(namespace)  # the watchdog thread's, so it never blocks ours
         self._posted: ErrorRecord | None = None
         self.on_error: Callable[[], None] = _nothing  # set by the owner: what to do when an error is posted
-        self._main = threading.main_thread().ident
-        self._thread = threading.Thread(target=self._serve, name=f"lightning-ext-watchdog-{rank}", daemon=True)
+        self._thread = threading.Thread(target=self._serve, name=f"lightning-ext-watchdog-{self.rank}", daemon=True)
         self._thread.start()
         _LIVE.add(self)
 
@@ -155,8 +113,8 @@ class Watchdog:
         """Whether this rank is the first to claim ``key`` (so one rank, not all, does a piece of slow-path work)."""
         return bool(self._store.compare_set(f"claim/{key}", "", str(self.rank)).decode() == str(self.rank))
 
-    def locate(self, ranks: list[int]) -> dict[int, Location]:
-        """Ask the watchdogs of ``ranks`` where their training threads are (ranks that do not answer are left out)."""
+    def facts_of(self, ranks: list[int]) -> dict[int, Facts]:
+        """Ask the watchdogs of ``ranks`` for their facts (ranks that do not answer in time are left out)."""
         query = uuid.uuid4().hex
         for rank in ranks:
             self._mail(rank, {"type": "query", "id": query})
@@ -165,21 +123,13 @@ class Watchdog:
             self._store.wait(keys, _ANSWER_TIMEOUT)
         except Exception:  # some did not answer in time: take the others
             keys = [key for key in keys if self._store.check([key])]
-        return {location.rank: location for location in (Location(**json.loads(self._store.get(k))) for k in keys)}
+        answers = [pickle.loads(self._store.get(key)) for key in keys]
+        return {facts.rank: facts for facts in answers}
 
-    def snapshot(self) -> Location:
-        """Where this rank's training thread is now."""
-        frame = sys._current_frames().get(self._main or 0)
-        stack = traceback.extract_stack(frame) if frame is not None else traceback.StackSummary()
-        return Location(
-            rank=self.rank,
-            check=self.check,
-            blocked_in=_blocking_call(stack),
-            at=_user_frame(stack),
-            signature=hashlib.blake2b(
-                repr([(f.filename, f.lineno) for f in stack]).encode(), digest_size=8
-            ).hexdigest(),
-        )
+    @property
+    def store(self) -> object:
+        """The training thread's store client (under the run's namespace)."""
+        return self._store
 
     def _mail(self, rank: int, message: dict[str, str]) -> None:
         number = self._store.add(f"mailbox/{rank}", 1)
@@ -198,11 +148,12 @@ class Watchdog:
             if message["type"] == "stop":
                 return
             if message["type"] == "query":
-                store.set(f"answer/{message['id']}/{self.rank}", json.dumps(self.snapshot().__dict__))
+                store.set(f"answer/{message['id']}/{self.rank}", pickle.dumps(self.recorder.snapshot()))
             elif message["type"] in ("error", "complete"):
                 if self._posted is None:
                     self._posted = ErrorRecord(**json.loads(store.get("error")))
-                    if self.snapshot().blocked_in is not None:  # waiting for a rank that failed: stop waiting
+                    facts = self.recorder.snapshot()
+                    if facts.inside is not None or facts.backward is not None:  # it waits for a rank that failed
                         _collective.abort_process_groups()
                 self.on_error()
 
@@ -218,27 +169,3 @@ _LIVE: "weakref.WeakSet[Watchdog]" = weakref.WeakSet()
 def _stop_live_watchdogs() -> None:
     for watchdog in list(_LIVE):
         watchdog.stop(_EXIT_WAIT)
-
-
-def _blocking_call(stack: traceback.StackSummary) -> str | None:
-    for frame in reversed(stack):
-        path = frame.filename.replace("\\", "/")
-        if "/torch/distributed/" in path and not path.endswith("c10d_logger.py"):
-            return f"torch.distributed.{frame.name}"
-        if "/torch/autograd/" in path:
-            return "backward (autograd; under DDP it ends in the gradient all-reduce)"
-    return None
-
-
-def _user_frame(stack: traceback.StackSummary) -> str | None:
-    for frame in reversed(stack):
-        path = frame.filename.replace("\\", "/")
-        if is_library(path):
-            continue
-        return f"{frame.filename}:{frame.lineno} in {frame.name}"
-    return None
-
-
-def is_library(path: str) -> bool:
-    """Installed packages, lightning-ext and the standard library: not where a user's culprit line is."""
-    return path.startswith(("<", _STDLIB, *_PACKAGES))

@@ -130,6 +130,7 @@ class PolicyStrategyMixin(_Strategy):
     @override
     def setup(self, trainer: Any) -> None:
         super().setup(trainer)
+        self._hang_guard.watch_backward_passes(self)
         if self._per_rank_metrics is None or self._run_log_dir is None:
             return
         self.rank_metrics_logger = RankCSVLogger(self._run_log_dir, self._rank(), self._per_rank_metrics)
@@ -140,13 +141,25 @@ class PolicyStrategyMixin(_Strategy):
     @override
     def on_train_start(self) -> None:
         super().on_train_start()
+        self._hang_guard.watch_signals()  # Lightning installed its signal handlers just before the loops started
         trainer = self._trainer()
         if self.rank_metrics_logger is not None and trainer is not None and trainer.ckpt_path is not None:
             # resumed: rows after the checkpoint's step will be logged again, so the writer drops them from the file
             self.rank_metrics_logger.resume_from_step = trainer.fit_loop.epoch_loop._batches_that_stepped
 
     @override
+    def on_validation_start(self) -> None:
+        super().on_validation_start()
+        self._hang_guard.watch_signals()  # for validate() (within fit, on_train_start already did)
+
+    @override
+    def on_test_start(self) -> None:
+        super().on_test_start()
+        self._hang_guard.watch_signals()
+
+    @override
     def teardown(self) -> None:
+        self._hang_guard.unwatch_backward_passes(self)
         try:
             self._hang_guard.finish(self._trainer())
         finally:
@@ -178,6 +191,7 @@ class PolicyStrategyMixin(_Strategy):
 
     @override
     def reduce(self, tensor: Any, group: Any | None = None, reduce_op: Any = "mean") -> Any:
+        tensor = _collective.exact_mean_input(tensor, reduce_op)
         return self._hang_guard.reduce(super().reduce, tensor, group, reduce_op)  # type: ignore[safe-super]
 
     @override

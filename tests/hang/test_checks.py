@@ -221,3 +221,14 @@ def test_a_misconfigured_rank_fails_set_up_on_every_rank(
     text = f"{outcomes[0]['error']}: {outcomes[0]['message']}"
     for fragment in fragments:
         assert fragment in text, text
+
+
+# ---- the facts a rank reports: its collective calls, counted symmetrically -------------------------------------------
+@pytest.mark.slow
+def test_collective_calls_are_counted_and_reported_while_a_rank_waits_in_one(rank_pools: Any) -> None:
+    namespace = f"ledger-test/{uuid.uuid4().hex}/"
+    outcomes = rank_pools(2).run("tests.helpers.hang_tasks:ledger", (namespace,))
+    for outcome in outcomes:  # the all-reduce and the barrier; not the send/recv, not another thread's all-reduce
+        assert outcome["counted"] == {"world": 2}
+        assert outcome["after"] == {"world": 3} and outcome["total"] == 3
+    assert outcomes[0]["seen"] == {"inside": "torch.distributed.all_reduce", "index": 3}

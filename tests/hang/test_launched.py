@@ -28,11 +28,26 @@ LIMIT = 30.0  # seconds from the first rank reaching the divergence to the last 
 RUN_TIMEOUT = 150.0  # a job of ours that runs longer than this has hung
 STOCK_CUTOFF = 25.0  # seconds a stock job must still be hanging after reaching the divergence
 
-# scenario: (strategy options in the script, error on every rank, what every message must name, rows kept per rank)
+
+def _line_of(code: str) -> str:
+    """``hang_scenarios.py:<line>``: where ``code`` stands in the script (the messages must name that line)."""
+    lines = SCRIPT.read_text().splitlines()
+    return f"hang_scenarios.py:{next(n for n, line in enumerate(lines, 1) if code in line)}"
+
+
+_VAL_ALL_GATHER = f"{_line_of('self.all_gather(value)')} in validation_step"
+
+# scenario (``name:variant`` runs the script's ``name``): (strategy options in the script, error on every rank, what
+# every message must name, rows kept per rank)
 EXPECTED: dict[str, tuple[str, str, tuple[str, ...], int]] = {
     "uneven_train": ("ours", "UnevenBatchesError", ("train dataloader", "rank 0: 4", "rank 1: 6", "truncate"), 0),
     "uneven_val": ("ours", "UnevenBatchesError", ("val dataloader 0", "rank 0: 2", "rank 1: 4"), 0),
-    "uneven_iterable_train": ("ours", "UnevenBatchesError", ("the start of validation", "rank 1 is blocked in"), 1),
+    "uneven_iterable_train": (  # a stream without check_unsized_loaders: found when the ranks cannot meet
+        "ours",
+        "UnevenBatchesError",
+        ("the train dataloader ran out on rank(s) [0]", "rank 0: 4", "rank 1: 4 and more to come", "check_unsized"),
+        1,
+    ),
     "log_on_rank_zero_epoch_end": (
         "ours",
         "DivergentLoggingError",
@@ -42,25 +57,49 @@ EXPECTED: dict[str, tuple[str, str, tuple[str, ...], int]] = {
     "log_on_rank_zero_step": (
         "ours",
         "DivergentLoggingError",
-        ("'rank_zero_only_loss'", "training_step", "hang_scenarios.py:", "rank 1 is blocked in backward"),
+        ("'rank_zero_only_loss'", "training_step", "hang_scenarios.py:", "rank 1: is in its synced backward pass"),
         1,
     ),
     "log_dict_keys_differ": ("ours", "DivergentLoggingError", ("'part_0'", "'part_1'", "training_step"), 0),
-    "metric_on_some_ranks": ("ours", "DivergentLoggingError", ("'val_mean'", "rank(s) [0]", "rank(s) [1]"), 4),
+    "metric_on_some_ranks": (  # the advice that works for a metric object (rank_zero_only=True does not stop its sync)
+        "ours",
+        "DivergentLoggingError",
+        ("'val_mean'", "rank(s) [0]", "rank(s) [1]", "every rank must update and log the metric object"),
+        4,
+    ),
     "log_dir_on_rank_zero": ("ours", "DivergentCollectiveError", ("Trainer.log_dir", "hang_scenarios.py:"), 1),
     "save_checkpoint_on_rank_zero": ("ours", "DivergentCollectiveError", ("Trainer.save_checkpoint",), 4),
     "barrier_on_rank_zero": ("ours", "DivergentCollectiveError", ("strategy.barrier", "hang_scenarios.py:"), 1),
     "broadcast_on_rank_zero": ("ours", "DivergentCollectiveError", ("strategy.broadcast", "hang_scenarios.py:"), 1),
     "all_gather_on_rank_zero": ("debug", "DivergentCollectiveError", ("strategy.all_gather", "hang_scenarios.py"), 1),
+    # the other rank's next check is a synced log: the all_gather is still named, with its line, in either mode
+    "all_gather_on_rank_zero_in_validation": (
+        "ours",
+        "DivergentCollectiveError",
+        ("torch.distributed.all_gather (via LightningModule.all_gather)", _VAL_ALL_GATHER),
+        4,
+    ),
+    "all_gather_on_rank_zero_in_validation:debug": (
+        "debug",
+        "DivergentCollectiveError",
+        ("strategy.all_gather() via LightningModule.all_gather", _VAL_ALL_GATHER),
+        4,
+    ),
+    "sigterm_on_one_rank": (  # as a preemption notice to one rank: Lightning's handler would hang the job
+        "ours",
+        "RankSignalledError",
+        ("Rank 1 received SIGTERM in training of epoch 0", "send it to every rank"),
+        2,
+    ),
 }
 FAILING_RANK = "rank_raises"  # rank 1 raises ValueError; rank 0 must end with its error and traceback
 
 
 def run_scenario(scenario: str, kind: str, root: Path, launcher: str = "popen") -> tuple[dict[Any, Any], Path]:
     """Launch the scenario (one job, or two torchrun agents) and return every rank's outcome and the log dir."""
-    log_dir = root / f"{scenario}-{kind}-{launcher}"
+    log_dir = root / f"{scenario.replace(':', '-')}-{kind}-{launcher}"
     log_dir.mkdir(parents=True)
-    args = [str(SCRIPT), scenario, kind, str(log_dir)]
+    args = [str(SCRIPT), scenario.split(":")[0], kind, str(log_dir)]
     if launcher == "torchrun":
         port = str(free_port())
         jobs = [
@@ -196,6 +235,8 @@ STOCK_HANGS = (
     "barrier_on_rank_zero",
     "broadcast_on_rank_zero",
     "all_gather_on_rank_zero",
+    "all_gather_on_rank_zero_in_validation",
+    "sigterm_on_one_rank",
 )
 
 

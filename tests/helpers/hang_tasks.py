@@ -124,14 +124,16 @@ def lockstep_verdicts(namespace: str, identities: list[Any]) -> list[Any]:
     call); return each verdict, or, where the ranks disagreed, the identities gathered from every rank."""
     import torch.distributed as dist
 
-    from lightning_ext._collective import side_group
+    from lightning_ext._collective import CheckChannel
+    from lightning_ext._hang.facts import Recorder
     from lightning_ext._hang.lockstep import Lockstep, Point
     from lightning_ext._hang.watchdog import Watchdog
 
     lockstep = _LOCKSTEPS.get(namespace)
     if lockstep is None:
-        watchdog = Watchdog(namespace, dist.get_rank(), dist.get_world_size())
-        lockstep = _LOCKSTEPS[namespace] = Lockstep(side_group(), watchdog, lambda: None)
+        rank, world = dist.get_rank(), dist.get_world_size()
+        watchdog = Watchdog(namespace, Recorder(rank, world, None))
+        lockstep = _LOCKSTEPS[namespace] = Lockstep(CheckChannel(namespace, rank, world), watchdog, lambda: None)
     results: list[Any] = []
     for identity in identities:
         point = Point("collective", tuple(identity), f"identity {identity}")
@@ -140,12 +142,10 @@ def lockstep_verdicts(namespace: str, identities: list[Any]) -> list[Any]:
 
 
 def lockstep_close(namespace: str) -> None:
-    """Stop the watchdog and destroy the group of ``namespace``'s Lockstep."""
-    import torch.distributed as dist
-
+    """Stop the watchdog and close the links of ``namespace``'s Lockstep."""
     lockstep = _LOCKSTEPS.pop(namespace)
     lockstep.watchdog.stop()
-    dist.destroy_process_group(lockstep.group)
+    lockstep.channel.close()
 
 
 def fit_with_loggers(log_dir: str, loggers: int, checkpoint_policy: Any, world_size: int) -> dict[str, Any]:
@@ -166,3 +166,43 @@ def fit_with_loggers(log_dir: str, loggers: int, checkpoint_policy: Any, world_s
     except Exception as error:
         return {"error": type(error).__name__, "message": str(error)}
     return {"error": None, "message": None}
+
+
+def ledger(namespace: str) -> dict[str, Any]:
+    """Count this rank's collective calls through a real Recorder; rank 0 asks rank 1's watchdog for its facts while
+    rank 1 is blocked in an all-reduce that rank 0 makes only afterwards."""
+    import threading
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    from lightning_ext._hang.facts import Recorder
+    from lightning_ext._hang.watchdog import Watchdog
+
+    rank = dist.get_rank()
+    recorder = Recorder(rank, dist.get_world_size(), None)
+    recorder.install()
+    watchdog = Watchdog(namespace, recorder)
+    try:
+        tensor = torch.ones(1)
+        dist.all_reduce(tensor)  # counted
+        dist.barrier()  # counted
+        if rank == 0:  # point-to-point calls are not counted (they are not symmetric)
+            dist.send(tensor, 1)
+        else:
+            dist.recv(tensor, 0)
+        thread = threading.Thread(target=dist.all_reduce, args=(torch.ones(1),))
+        thread.start()  # another thread's call is not counted
+        thread.join()
+        counted = dict(recorder.counts)
+        seen = None
+        if rank == 0:
+            time.sleep(0.5)  # rank 1 is inside its all-reduce by now
+            facts = watchdog.facts_of([1])[1]
+            seen = {"inside": facts.inside.name if facts.inside else None, "index": facts.inside and facts.inside.index}
+        dist.all_reduce(tensor)  # rank 1 waits here for rank 0
+        return {"counted": counted, "after": dict(recorder.counts), "seen": seen, "total": recorder.total()}
+    finally:
+        recorder.uninstall()
+        watchdog.stop()

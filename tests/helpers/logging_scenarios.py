@@ -187,8 +187,8 @@ def values(world: int, offset: float) -> list[list[list[float]]]:
 
 
 def sizes(world: int) -> list[list[list[int]]]:
-    # the same on every rank: Lightning's synced weighted mean is only right then
-    # (see tests/per_rank/test_trainer_runs.py::test_upstream_truncation_of_synced_weighted_mean)
+    # the same on every rank: these runs are compared with stock Lightning, whose synced weighted mean is only right
+    # then (tests/strategies/test_synced_means.py)
     return [[[1 + (epoch + batch) % 3 for batch in range(BATCHES)] for epoch in range(EPOCHS)] for _ in range(world)]
 
 

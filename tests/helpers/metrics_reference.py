@@ -5,8 +5,9 @@ Lightning does them, in float32 (``value * batch_size`` accumulated in order, di
 comparison can be exact:
 
 * a tensor logged with ``reduce_fx="mean"`` is weighted by its batch size; synced on gloo, Lightning averages the
-  summed value and the *integer* batch-size count over the ranks, truncating the count (README, "Noticed upstream"),
-  and the reference does the same; each rank's own value is the plain local weighted mean;
+  summed value and the batch-size count over the ranks; stock Lightning truncates the integer count (README, "Noticed
+  upstream"), lightning-ext's strategies average it as a float32, and the reference does the latter; each rank's own
+  value is the plain local weighted mean;
 * a ``torchmetrics.MeanMetric`` drops NaN values (its default ``nan_strategy="warn"``) and is always synced by
   torchmetrics itself (states summed over ranks), whatever ``sync_dist`` says;
 * a synced ``max``/``min`` with a NaN on some rank is left unchecked (:data:`UNSPECIFIED`): gloo's MAX/MIN all-reduce
@@ -114,10 +115,11 @@ def _global_epoch(entry: dict[str, Any], world: int, epoch: int) -> Any:
     how = _reduce_name(entry)
     if how == "mean":
         sums = [_weighted_sum(entry, rank, epoch) for rank in range(world)]
-        # as Lightning's gloo sync does it: both sums averaged over ranks in float32 (the int count truncated), then
-        # divided; a one-step sum / count rounds differently at world size 3
+        # as the gloo sync does it under lightning-ext's strategies: both sums averaged over ranks in float32 (the
+        # count as a float: stock Lightning would truncate it), then divided; a one-step sum / count rounds
+        # differently at world size 3
         averaged = torch.stack([total for total, _ in sums]).sum() / world
-        return averaged / torch.tensor(sum(count for _, count in sums) / world).to(torch.int64)
+        return averaged / (torch.tensor(float(sum(count for _, count in sums)), dtype=F32) / world)
     locals_ = torch.stack([_local_epoch(entry, rank, epoch) for rank in range(world)])
     return locals_.sum() if how == "sum" else _extreme(how, locals_)
 

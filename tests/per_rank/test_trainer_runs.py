@@ -144,10 +144,10 @@ def test_resume_keeps_earlier_rows_without_duplicating_steps(rank_pools: Any, tm
     assert stock_rows["epoch"].min() == 1
 
 
-def test_upstream_truncation_of_synced_weighted_mean(rank_pools: Any, tmp_path: Path) -> None:
-    """Stock Lightning on gloo averages the int batch-size counter with truncation: uneven batch sizes make the
-    synced weighted mean wrong (3.5 where (1*1 + 3*2) / 3 = 2.33). The per-rank files hold each rank's correct value.
-    If this starts failing, Lightning fixed it: drop the equal-batch-size restriction in the tests above."""
+def test_synced_weighted_mean_with_uneven_batch_sizes_is_exact(rank_pools: Any, tmp_path: Path) -> None:
+    """Stock Lightning on gloo averages the int batch-size counter with truncation (3.5 where (1*1 + 3*2) / 3 = 2.33,
+    tests/strategies/test_synced_means.py); under lightning-ext's strategies the synced value is the exact weighted
+    mean, and the per-rank files hold each rank's own value."""
     entry = {
         "name": "m",
         "options": {"on_step": False, "on_epoch": True, "sync_dist": True},
@@ -157,6 +157,6 @@ def test_upstream_truncation_of_synced_weighted_mean(rank_pools: Any, tmp_path: 
     results = rank_pools(2).run(
         "tests.helpers.logging_scenarios:fit", (str(tmp_path), {"train": [entry]}), epochs=1, batches=1, timeout=120
     )
-    assert results[0]["callback_metrics"]["m"] == 3.5
+    assert results[0]["callback_metrics"]["m"] == pytest.approx(7 / 3)
     table = read_rank_metrics(results[0]["log_dir"]).dropna(subset=["m"])
     assert table.set_index("rank")["m"].to_dict() == {0: 1.0, 1: 3.0}

@@ -13,6 +13,7 @@ writes no outcome; the test's timeout cuts it.
 
 import json
 import os
+import signal
 import sys
 import time
 
@@ -40,6 +41,8 @@ SCENARIOS = (
     "barrier_on_rank_zero",
     "broadcast_on_rank_zero",
     "all_gather_on_rank_zero",
+    "all_gather_on_rank_zero_in_validation",
+    "sigterm_on_one_rank",
     "rank_raises",
 )
 
@@ -126,11 +129,18 @@ class Pitfall(LightningModule):
             self.all_gather(loss)
         if self.scenario == "rank_raises" and rank == 1 and batch_idx == 2:
             raise ValueError("boom on rank 1")
+        if self.scenario == "sigterm_on_one_rank" and rank == 1 and batch_idx == 2:
+            self._diverge()
+            os.kill(os.getpid(), signal.SIGTERM)  # as a scheduler's preemption notice to this rank alone
         return loss
 
     def validation_step(self, batch: torch.Tensor, batch_idx: int) -> None:
         value = self.layer(batch).mean()
-        self.log("val_loss", value, sync_dist=True, on_step=self.scenario == "uneven_val")
+        on_step = self.scenario in ("uneven_val", "all_gather_on_rank_zero_in_validation")
+        self.log("val_loss", value, sync_dist=True, on_step=on_step)
+        if self.scenario == "all_gather_on_rank_zero_in_validation" and self.trainer.is_global_zero and batch_idx == 1:
+            self._diverge()
+            self.all_gather(value)
         if self.scenario == "metric_on_some_ranks" and self.trainer.is_global_zero:
             self._diverge()
             self.metric.update(value)

@@ -1,0 +1,359 @@
+"""What a rank knows about itself for the hang checks' verdicts: its collective calls, backward passes, progress."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+import signal
+import sys
+import threading
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import Any
+
+import torch.distributed as dist
+
+from lightning_ext._hang.sites import called_as, user_site
+
+__all__ = ["COUNTED", "Call", "Facts", "Progress", "Recorder", "make_call", "progress_of"]
+
+# the torch.distributed collectives whose calls are counted (point-to-point calls are not: they are not symmetric)
+COUNTED = (
+    "all_gather",
+    "all_gather_into_tensor",
+    "all_gather_object",
+    "all_reduce",
+    "all_to_all",
+    "all_to_all_single",
+    "barrier",
+    "broadcast",
+    "broadcast_object_list",
+    "gather",
+    "gather_object",
+    "monitored_barrier",
+    "reduce",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "scatter",
+    "scatter_object_list",
+)
+WORLD = "world"
+SIGNALS = ("SIGTERM", "SIGINT", "SIGUSR1")
+
+
+@dataclass(frozen=True)
+class Call:
+    """A collective call of the training thread, counted per process group.
+
+    Attributes:
+        group: the group's name (``"world"`` for the default group); only groups of every rank are counted.
+        index: this call's number among the counted calls on that group (1 for the first).
+        name: what was called, for people: ``torch.distributed.all_gather (via LightningModule.all_gather)``.
+        site: where in the user's code: ``model.py:40 in validation_step``.
+
+    """
+
+    group: str
+    index: int
+    name: str
+    site: str
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Where a rank is in Lightning's loops.
+
+    Attributes:
+        stage: ``"train"``, ``"validate"``, ``"sanity_check"``, ``"test"``, ``"predict"`` or ``None``.
+        epoch: the current epoch.
+        train_batches: training batches started in the whole run so far.
+        train_done: whether the training dataloader of this epoch has run out.
+        eval_loader: ``"val"`` or ``"test"``: the evaluation loop of ``eval_batches``.
+        eval_batches: batches started per dataloader in the running (or, in training, the last) evaluation run.
+        eval_done: whether that evaluation run has run out of data (or ended).
+
+    """
+
+    stage: str | None
+    epoch: int
+    train_batches: int = 0
+    train_done: bool = False
+    eval_loader: str = "val"
+    eval_batches: tuple[int, ...] = ()
+    eval_done: bool = False
+
+    def describe(self) -> str:
+        """``validation of epoch 0 (val dataloader 0: 3 batch(es), ran out)``."""
+        names = {"train": "training", "validate": "validation", "sanity_check": "the sanity check", "test": "testing"}
+        text = f"{names.get(self.stage or '', self.stage or 'set-up')} of epoch {self.epoch}"
+        if self.stage == "train":
+            return text + f" ({self.train_batches} training batch(es) so far{', ran out' if self.train_done else ''})"
+        if self.stage in ("validate", "sanity_check", "test") and self.eval_batches:
+            index = len(self.eval_batches) - 1
+            done = ", ran out" if self.eval_done else ""
+            return text + f" ({self.eval_loader} dataloader {index}: {self.eval_batches[index]} batch(es){done})"
+        return text
+
+
+@dataclass(frozen=True)
+class Facts:
+    """One rank's report about itself.
+
+    Attributes:
+        rank: the rank.
+        check: the lightning-ext check it waits in, as ``(number, description)``, or ``None``.
+        checks: the number of the last check it has passed (every rank numbers the checks alike).
+        counts: its counted collective calls so far, per group.
+        inside: the counted collective call its training thread is inside now, or ``None``.
+        backward: the number of the synced backward pass it is in now (DDP's gradient all-reduce runs in it), or
+            ``None``; a backward pass without gradient sync, or whose sync is unknown, is not counted.
+        backwards: synced backward passes completed.
+        progress: where it is in Lightning's loops.
+        signal: the signal it received (``"SIGTERM in training of epoch 0, ..."``), or ``None``.
+        recent: its last counted collective calls outside backward passes, oldest first (to name a call that other
+            ranks did not make).
+        at: the innermost frame of user code, for people only (never part of a verdict).
+
+    """
+
+    rank: int
+    check: tuple[int, str] | None = None
+    checks: int = 0
+    counts: dict[str, int] = field(default_factory=dict)
+    inside: Call | None = None
+    backward: int | None = None
+    backwards: int = 0
+    progress: Progress | None = None
+    signal: str | None = None
+    recent: tuple[Call, ...] = ()
+    at: str | None = None
+
+
+class Recorder:
+    """The facts of this rank, kept up to date by its training thread and read by its watchdog.
+
+    Args:
+        rank: this rank.
+        world_size: the number of ranks.
+        trainer: the trainer (for its progress), or ``None``.
+
+    """
+
+    def __init__(self, rank: int, world_size: int, trainer: Any) -> None:
+        self.rank, self.world_size, self.trainer = rank, world_size, trainer
+        self.thread = threading.get_ident()  # the training thread: only its calls are counted
+        self.check: tuple[int, str] | None = None
+        self.checks = 0  # the last check passed (set before ``check`` is cleared)
+        self.counts: dict[str, int] = {}
+        self.backwards = 0
+        self.signal: str | None = None
+        self.recent: deque[Call] = deque(maxlen=8)
+        self._inside: tuple[str, int, str, FrameType, Call | None] | None = None
+        self._backward: int | None = None
+        self._groups: dict[int, tuple[Any, str]] = {}
+        self._depth = 0
+        self.checked = (
+            False  # the training thread is in a call that a check has just lined up: it cannot be the odd one
+        )
+        self._originals: dict[str, Callable[..., Any]] = {}
+        self._signal_handlers: dict[int, _SignalNote] = {}
+        self.on_signal: Callable[[str, str], None] = _ignore  # set by the owner: what a signal means for the run
+
+    def total(self) -> int:
+        """Every counted collective call so far (part of each check's fingerprint: the ranks must agree on it)."""
+        return sum(self.counts.values())
+
+    def install(self) -> None:
+        """Count the training thread's ``torch.distributed`` collective calls from now on."""
+        global _ACTIVE
+        _ACTIVE = self
+        for name in COUNTED:
+            function = getattr(dist, name, None)
+            if function is not None and not getattr(function, _MARK, False):
+                self._originals[name] = function
+                setattr(dist, name, _counted(function, name))
+
+    def uninstall(self) -> None:
+        """Stop counting, and give back the signal handlers this recorder wrapped."""
+        global _ACTIVE
+        if _ACTIVE is self:
+            _ACTIVE = None
+        for name, function in self._originals.items():
+            if getattr(getattr(dist, name, None), _MARK, False):
+                setattr(dist, name, function)
+        self._originals.clear()
+        self._groups.clear()
+        if threading.current_thread() is threading.main_thread():
+            for number, note in self._signal_handlers.items():
+                previous = note.previous
+                if signal.getsignal(number) is note:
+                    signal.signal(number, previous)
+        self._signal_handlers.clear()
+
+    def watch_signals(self) -> None:
+        """Note SIGTERM, SIGINT and SIGUSR1 when they arrive, before the handlers already installed run (idempotent).
+
+        Called once Lightning has installed its own handlers (its SIGTERM handler makes a collective call on the
+        signalled rank alone), so the note comes first.
+        """
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for name in SIGNALS:
+            number = getattr(signal, name, None)
+            if number is None:
+                continue
+            current = signal.getsignal(number)
+            if isinstance(current, _SignalNote) and current.recorder is self:
+                continue
+            wrapper = _SignalNote(self, name, current)
+            with contextlib.suppress(ValueError, OSError):
+                signal.signal(number, wrapper)
+                self._signal_handlers[number] = wrapper
+
+    @contextlib.contextmanager
+    def backward_pass(self, synced: bool | None) -> Iterator[None]:
+        """Within the block, this rank is in a backward pass (``synced``: DDP all-reduces its gradients in it)."""
+        if not synced:
+            yield
+            return
+        self._backward = self.backwards + 1
+        try:
+            yield
+        finally:
+            self._backward = None
+        self.backwards += 1
+
+    def snapshot(self) -> Facts:
+        """This rank's facts now (called by the watchdog thread, or by the training thread on an error path)."""
+        inside = self._inside
+        call = None
+        if inside is not None:
+            group, index, name, caller, call = inside
+            call = call or make_call(group, index, name, caller)
+        frame = sys._current_frames().get(self.thread)
+        return Facts(
+            rank=self.rank,
+            check=self.check,
+            checks=self.checks,
+            counts=dict(self.counts),
+            inside=call,
+            backward=self._backward,
+            backwards=self.backwards,
+            progress=progress_of(self.trainer),
+            signal=self.signal,
+            recent=tuple(self.recent),
+            at=None if frame is None else user_site(frame, default=None),
+        )
+
+    def _group_key(self, group: Any) -> str | None:
+        """``"world"``, the name of another group of every rank, or ``None`` for a group of some ranks only."""
+        if group is None or group is dist.group.WORLD:
+            return WORLD
+        known = self._groups.get(id(group))
+        if known is not None and known[0] is group:
+            return known[1]
+        try:
+            spans = dist.get_world_size(group) == self.world_size
+            key = str(getattr(group, "group_name", id(group))) if spans else None
+        except Exception:  # not a group this rank belongs to
+            key = None
+        if key is not None:
+            self._groups[id(group)] = (group, key)
+        return key
+
+
+class _SignalNote:
+    """A signal handler that notes the signal, calls the recorder's ``on_signal``, then runs the handler it replaced."""
+
+    def __init__(self, recorder: Recorder, name: str, previous: Any) -> None:
+        self.recorder, self.name, self.previous = recorder, name, previous
+
+    def __call__(self, number: int, frame: FrameType | None) -> Any:
+        recorder = self.recorder
+        if recorder.signal is None:
+            progress = progress_of(recorder.trainer)
+            recorder.signal = self.name + (f" in {progress.describe()}" if progress is not None else "")
+            recorder.on_signal(self.name, recorder.signal)  # may raise, instead of running the replaced handler
+        previous = self.previous
+        if callable(previous):
+            return previous(number, frame)
+        if previous == signal.SIG_DFL:  # the default action: end the process as the signal would have
+            signal.signal(number, signal.SIG_DFL)
+            signal.raise_signal(number)
+        return None
+
+
+def _ignore(name: str, text: str) -> None:
+    return None
+
+
+_ACTIVE: Recorder | None = None
+_MARK = "__lightning_ext_counted__"
+
+
+def _counted(function: Callable[..., Any], name: str) -> Callable[..., Any]:
+    try:
+        position = list(inspect.signature(function).parameters).index("group")
+    except (ValueError, TypeError):
+        position = -1
+
+    @functools.wraps(function)
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        recorder = _ACTIVE
+        if recorder is None or recorder._depth or threading.get_ident() != recorder.thread:
+            return function(*args, **kwargs)
+        group = kwargs.get("group", args[position] if 0 <= position < len(args) else None)
+        key = recorder._group_key(group)
+        if key is None:
+            return function(*args, **kwargs)
+        index = recorder.counts[key] = recorder.counts.get(key, 0) + 1
+        caller = sys._getframe(1)
+        call = None
+        if recorder._backward is None and not recorder.checked:  # where a call may be the odd one out: name it now
+            call = make_call(key, index, name, caller)
+            recorder.recent.append(call)
+        recorder._depth += 1
+        recorder._inside = (key, index, name, caller, call)
+        try:
+            return function(*args, **kwargs)
+        finally:
+            recorder._inside = None
+            recorder._depth -= 1
+
+    setattr(counted, _MARK, True)
+    return counted
+
+
+def make_call(group: str, index: int, name: str, caller: FrameType) -> Call:
+    """The :class:`Call` for ``torch.distributed.<name>``, called from ``caller``."""
+    via, site = called_as(caller)
+    return Call(group, index, f"torch.distributed.{name}" + (f" (via {via})" if via else ""), site)
+
+
+def progress_of(trainer: Any) -> Progress | None:
+    """Where ``trainer`` is in its loops (``None`` if it cannot be read: a diagnostic never fails)."""
+    if trainer is None:
+        return None
+    try:
+        stage = trainer.state.stage
+        stage_name = None if stage is None else str(stage.value)
+        epoch_loop = trainer.fit_loop.epoch_loop
+        fetcher = trainer.fit_loop._data_fetcher
+        evaluating = stage_name in ("validate", "sanity_check", "test")
+        loop = trainer._evaluation_loop if evaluating else epoch_loop.val_loop
+        seen = dict(loop._seen_batches_per_dataloader)
+        eval_fetcher = loop._data_fetcher
+        return Progress(
+            stage=stage_name,
+            epoch=int(trainer.current_epoch),
+            train_batches=int(epoch_loop.batch_progress.total.ready),
+            train_done=bool(stage_name == "train" and fetcher is not None and fetcher.done),
+            eval_loader="test" if stage_name == "test" else "val",
+            eval_batches=tuple(seen.get(index, 0) for index in range(max(seen) + 1)) if seen else (),
+            eval_done=not evaluating or bool(eval_fetcher is not None and eval_fetcher.done),
+        )
+    except Exception:
+        return None

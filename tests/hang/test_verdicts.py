@@ -1,0 +1,193 @@
+"""The pure parts of the hang checks, in one process: the deadlock rule, the causes the messages name, the exchange.
+
+Facts are written by hand here, as the ranks would report them; the expectations follow from the rule's statement
+(``docs/hang-checks.md``), not from running it.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from lightning_ext import errors
+from lightning_ext._collective import exchange_partners
+from lightning_ext._hang.facts import Call, Facts, Progress
+from lightning_ext._hang.lockstep import Point
+from lightning_ext._hang.messages import describe_deadlock, describe_divergence
+from lightning_ext._hang.verdict import blocked_by, deadlock
+
+ENTRY = {"name": "x", "fx": "training_step", "dataloader": None, "reduce": "mean", "site": "training_step, m.py:9"}
+LOG = Point("log", ("log", "step", "training_step", "x", None, 0), "self.log('x', sync_dist=True) (step value)", ENTRY)
+
+
+def waiting(rank: int = 0, counts: int = 10, backwards: int = 3, **more: object) -> Facts:
+    return Facts(rank, check=(5, LOG.where), counts={"world": counts}, backwards=backwards, **more)  # type: ignore[arg-type]
+
+
+# ---- the deadlock rule -----------------------------------------------------------------------------------------------
+def test_a_rank_computing_anywhere_is_waited_for() -> None:
+    assert blocked_by([waiting()], Facts(1, counts={"world": 10}, backwards=3)) is None
+    # in a backward pass without gradient sync (gradient accumulation), however long
+    assert blocked_by([waiting()], Facts(1, counts={"world": 10}, backwards=3, backward=None)) is None
+
+
+def test_a_synced_backward_pass_the_waiting_ranks_have_made_is_waited_for() -> None:
+    """The fast rank finished backward #4; the slow one is still computing in it: its all-reduces are matched."""
+    assert blocked_by([waiting(backwards=4)], Facts(1, counts={"world": 10}, backward=4, backwards=3)) is None
+
+
+def test_a_synced_backward_pass_the_waiting_ranks_have_not_made_cannot_end() -> None:
+    assert blocked_by([waiting(backwards=3)], Facts(1, counts={"world": 10}, backward=4, backwards=3)) == "backward"
+
+
+def test_a_collective_call_is_blocking_only_beyond_a_waiting_rank_s_count() -> None:
+    made = Call("world", 10, "torch.distributed.all_gather", "m.py:3 in f")
+    extra = Call("world", 11, "torch.distributed.all_gather", "m.py:3 in f")
+    assert blocked_by([waiting(counts=10)], Facts(1, counts={"world": 10}, inside=made)) is None
+    assert blocked_by([waiting(counts=10)], Facts(1, counts={"world": 11}, inside=extra)) == "collective"
+    # with two waiting ranks, the one with fewer calls decides
+    assert blocked_by([waiting(0, counts=11), waiting(2, counts=10)], Facts(1, inside=extra)) == "collective"
+    # a call on another group compares with that group's counts
+    other = Call("tp", 3, "torch.distributed.all_reduce", "m.py:4 in g")
+    assert blocked_by([Facts(0, counts={"world": 99, "tp": 3})], Facts(1, inside=other)) is None
+    assert blocked_by([Facts(0, counts={"world": 99, "tp": 2})], Facts(1, inside=other)) == "collective"
+
+
+def test_without_waiting_ranks_nothing_is_proven() -> None:
+    assert blocked_by([], Facts(1, backward=9)) is None
+
+
+# ---- the cause each message names ------------------------------------------------------------------------------------
+def test_a_signal_is_named_first() -> None:
+    error = describe_deadlock(LOG, [waiting()], [Facts(1, backward=4, signal="SIGTERM in training of epoch 0")])
+    assert isinstance(error, errors.RankSignalledError)
+    assert "Rank 1 received SIGTERM in training of epoch 0" in str(error)
+
+
+def test_a_stream_that_ran_out_on_one_rank_is_uneven_data() -> None:
+    done = Progress("validate", 0, train_batches=4, train_done=False)
+    going = Progress("train", 0, train_batches=4, train_done=False)
+    call = Call("world", 17, "torch.distributed.broadcast", "job.py:1 in main")
+    error = describe_deadlock(LOG, [waiting(progress=done)], [Facts(1, inside=call, progress=going)])
+    assert isinstance(error, errors.UnevenBatchesError)
+    assert "train dataloader ran out on rank(s) [0]" in str(error) and "rank 1: 4 and more to come" in str(error)
+
+
+def test_equal_progress_is_not_uneven_data() -> None:
+    same = Progress("train", 0, train_batches=2)
+    error = describe_deadlock(LOG, [waiting(progress=same)], [Facts(1, backward=4, progress=same)])
+    assert isinstance(error, errors.DivergentLoggingError)
+    assert "Uneven data" not in str(error)
+
+
+def test_a_rank_blocked_in_a_collective_call_names_that_call_and_its_line() -> None:
+    call = Call(
+        "world", 11, "torch.distributed.all_gather (via LightningModule.all_gather)", "m.py:40 in validation_step"
+    )
+    error = describe_deadlock(LOG, [waiting()], [Facts(1, inside=call)])
+    assert isinstance(error, errors.DivergentCollectiveError)
+    assert (
+        "rank 1 is blocked in torch.distributed.all_gather (via LightningModule.all_gather) called from m.py:40"
+        in str(error)
+    )
+
+
+def test_a_rank_in_backward_blames_the_waiting_ranks_extra_log() -> None:
+    error = describe_deadlock(LOG, [waiting()], [Facts(1, backward=4)])
+    assert isinstance(error, errors.DivergentLoggingError)
+    assert "which rank(s) [1] never reached" in str(error)
+
+
+def test_ranks_at_the_same_point_with_different_collective_calls_name_the_extra_call() -> None:
+    extra = Call("world", 8, "torch.distributed.broadcast", "handler.py:5 in on_term")
+    points = [
+        Point("log", LOG.identity, LOG.where, LOG.detail, facts=Facts(0, counts={"world": 7})),
+        Point("log", LOG.identity, LOG.where, LOG.detail, facts=Facts(1, counts={"world": 8}, recent=(extra,))),
+    ]
+    error = describe_divergence(points)
+    assert isinstance(error, errors.DivergentCollectiveError)
+    assert "rank 1 called torch.distributed.broadcast from handler.py:5 in on_term" in str(error)
+
+
+def test_a_torchmetrics_metric_gets_advice_that_works() -> None:
+    entries = {"name": "acc", "fx": "validation_step", "dataloader": None, "reduce": "metric", "site": "v, m.py:2"}
+    points = [
+        Point("epoch_logs", ("epoch_logs", ("a",)), "round", [entries]),
+        Point("epoch_logs", ("epoch_logs", ()), "round", []),
+    ]
+    message = str(describe_divergence(points))
+    assert "every rank must update and log the metric object" in message
+    assert "rank_zero_only=True` does not stop a metric object from syncing" in message
+
+
+# ---- the exchange's rounds -------------------------------------------------------------------------------------------
+@given(world=st.integers(1, 70), values=st.data())
+def test_property_every_rank_learns_the_smallest_and_largest_value(world: int, values: st.DataObject) -> None:
+    """Play the rounds of every rank by hand: messages pair up per pair of ranks, in order, and everyone learns all."""
+    sent = values.draw(st.lists(st.integers(-5, 5), min_size=world, max_size=world))
+    low, high = list(sent), list(sent)
+    plans = [exchange_partners(rank, world) for rank in range(world)]
+    for rank, plan in enumerate(plans):  # each pair of ranks exchanges the same number of times
+        for partner in set(plan):
+            assert plan.count(partner) == plans[partner].count(rank)
+    position = [0] * world
+    while any(position[rank] < len(plans[rank]) for rank in range(world)):
+        progressed = False
+        for rank in range(world):
+            if position[rank] == len(plans[rank]):
+                continue
+            partner = plans[rank][position[rank]]
+            # the n-th exchange of this pair, on both sides
+            n = plans[rank][: position[rank]].count(partner)
+            if (
+                position[partner] < len(plans[partner])
+                and plans[partner][position[partner]] == rank
+                and (plans[partner][: position[partner]].count(rank) == n)
+            ):
+                low[rank] = low[partner] = min(low[rank], low[partner])
+                high[rank] = high[partner] = max(high[rank], high[partner])
+                position[rank] += 1
+                position[partner] += 1
+                progressed = True
+        assert progressed, "the rounds deadlock"
+    assert low == [min(sent)] * world and high == [max(sent)] * world
+    assert all(len(plan) <= world.bit_length() + 1 for plan in plans)  # ceil(log2 W) rounds, two more folding
+
+
+def test_a_rank_that_passed_the_check_proves_it_is_completing() -> None:
+    """Its facts may show it inside the synced value's all-reduce that follows the check, beyond the waiting rank's
+    count, while the waiting rank has not yet seen its own exchange complete: not a deadlock (found under load)."""
+    call = Call("world", 17, "torch.distributed.all_reduce (via LightningModule.log)", "m.py:9 in on_train_batch_end")
+    waiting_rank = Facts(0, check=(5, LOG.where), checks=4, counts={"world": 16})
+    assert deadlock(5, [waiting_rank, Facts(1, checks=5, counts={"world": 17}, inside=call)]) is None
+    assert deadlock(5, [waiting_rank, Facts(1, checks=4, counts={"world": 17}, inside=call)]) is not None
+    # a rank waiting in the same check is not missing, and a rank computing is not blocked
+    assert deadlock(5, [waiting_rank, Facts(1, check=(5, LOG.where), checks=4)]) is None
+    assert deadlock(5, [waiting_rank, Facts(1, checks=4, counts={"world": 16})]) is None
+
+
+class _LateWork:
+    """A collective's work that completes just after a wait timed out (the race ``wait_for`` must survive)."""
+
+    def __init__(self, fails: bool = False) -> None:
+        self.waits, self.fails = 0, fails
+
+    def wait(self, timeout: object = None) -> bool:
+        self.waits += 1
+        if timeout is not None:
+            raise RuntimeError("Operation timed out!")
+        if self.fails:
+            raise RuntimeError("Connection closed by peer")
+        return True
+
+    def is_completed(self) -> bool:
+        return True
+
+
+def test_a_wait_that_times_out_as_the_work_completes_reports_it_completed() -> None:
+    from lightning_ext._collective import wait_for
+
+    assert wait_for(_LateWork(), 0.0) is True
+    with pytest.raises(RuntimeError, match="Connection closed by peer"):  # the collective's own error, not the timeout
+        wait_for(_LateWork(fails=True), 0.0)
