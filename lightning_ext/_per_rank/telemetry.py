@@ -173,6 +173,7 @@ class Telemetry:
         self._memory = _Memory(cuda_device)
         self._loop: Any = None
         self._last_step: int | None = None
+        self._epoch = 0
 
     def attach(self, trainer: Any) -> None:
         """Start timing ``trainer``'s training batches, and write this rank's host record."""
@@ -223,7 +224,7 @@ class Telemetry:
     def _after_batch(self, loop: Any, every: int) -> None:
         try:
             step = int(loop._batches_that_stepped)  # the step of Lightning's own row for this batch
-            self._last_step = step
+            self._last_step, self._epoch = step, int(loop.trainer.current_epoch)
             if (step + 1) % every == 0:  # as Lightning's should_update_logs decides
                 self._write(step)
         except Exception as error:
@@ -233,6 +234,7 @@ class Telemetry:
         row: dict[str, float | int] = dict(self.timer.take())
         if row:
             row.update(self._memory.sample())
+            row["epoch"] = self._epoch  # as Lightning adds to its rows
             self._logger.log_telemetry(row, step)
 
     def _stop(self, error: Exception, doing: str) -> None:
