@@ -217,7 +217,7 @@ class Telemetry:
             loop.__dict__.pop(name, None)
         if self._last_step is not None:
             try:
-                self._write(self._last_step)
+                self.write_row(self._last_step)
             except Exception as error:
                 self._warn(error, "writing its last row")
 
@@ -226,11 +226,12 @@ class Telemetry:
             step = int(loop._batches_that_stepped)  # the step of Lightning's own row for this batch
             self._last_step, self._epoch = step, int(loop.trainer.current_epoch)
             if (step + 1) % every == 0:  # as Lightning's should_update_logs decides
-                self._write(step)
+                self.write_row(step)
         except Exception as error:
             self._stop(error, "sampling")
 
-    def _write(self, step: int) -> None:
+    def write_row(self, step: int) -> None:
+        """Write the means of the batches timed since the last row, and the memory now, as the row of ``step``."""
         row: dict[str, float | int] = dict(self.timer.take())
         if row:
             row.update(self._memory.sample())
