@@ -76,14 +76,9 @@ def row_costs(results: list[SessionResult]) -> list[RowCost]:
                 row_wall_us=Spread.of([ns / 1000 for ns in training.row_ns]),
                 step_cpu_us=Spread.of(step_cpu),
                 stock_step_cpu_us=statistics.median(step_medians["stock"]) / 1000,
-                sample_cpu_us=Spread.of([ns / 1000 for ns in training.sample_cpu_ns])
-                if training.sample_cpu_ns
-                else None,
-                sample_wall_us=Spread.of([ns / 1000 for ns in training.sample_ns]) if training.sample_ns else None,
-                per_rank_step_us=statistics.median(
-                    [statistics.median(fit) for fit in training.step_ns["per_rank_metrics"]]
-                )
-                / 1000,
+                sample_cpu_us=_spread_us(training.sample_cpu_ns),
+                sample_wall_us=_spread_us(training.sample_ns),
+                per_rank_step_us=statistics.median(map(statistics.median, training.step_ns["per_rank_metrics"])) / 1000,
             )
         )
     return costs
