@@ -64,7 +64,7 @@ def draw_time_row(figure: Any, bars: Any, heatmap: Any, table: pd.DataFrame, ran
     bars.invert_yaxis()
     bars.set_xlabel("ms per batch (median over the rank's telemetry rows)")
     bars.set_title(f"time per batch by phase: the median rank and {len(shown) - 1} straggler(s)", fontsize=10)
-    bars.legend(loc="best", fontsize="small")
+    bars.legend(loc="lower right", fontsize="small")
     _own_time_heatmap(figure, heatmap, table, ranks)
 
 

@@ -235,7 +235,8 @@ class RankMetricsWriter:
         self._columns = {name: column_name(name, prefix) for name in self._columns}
 
     def log_columns(self, row: Mapping[str, Cell], step: int) -> None:
-        """Buffer one row whose keys are already columns (of a reserved prefix) and whose values are ints or floats."""
+        """Buffer one row whose keys are columns as they are written (no escaping: telemetry's ``telemetry/*`` and
+        ``epoch``) and whose values are ints or floats."""
         if self._closed:
             raise ValueError(f"The metrics writer for {self._path} is closed")
         self._buffer.append({**row, STEP: step})
