@@ -4,9 +4,9 @@ For each number of ranks (default 16, 64, 256, 1024), simulated rank files of ``
 written to a temporary directory (not timed; deleted afterwards) and read by ``read_rank_metrics`` and by a plain
 ``pandas.read_csv`` loop, interleaved (time, and peak memory in a fresh process); ``lightning-ext ranks`` summarizes
 them in a fresh process (time, output size); ``lightning-ext ranks --stragglers`` gives its verdict on simulated
-per-rank telemetry with two slow ranks (time, output, what it named). Then ``--writers`` concurrent ``RankMetricsWriter`` processes write
-(cost per row), and one writer's file-system calls are counted per phase. Writes ``<out>/scale-<machine>.json``,
-``.md`` and ``.png``. See ``benchmarks/README.md``.
+per-rank telemetry with two slow ranks (time, output, what it named). Then ``--writers`` concurrent
+``RankMetricsWriter`` processes write (cost per row), and one writer's file-system calls are counted per phase.
+Writes ``<out>/scale-<machine>.json``, ``.md`` and ``.png``. See ``benchmarks/README.md``.
 """
 
 import argparse
