@@ -37,8 +37,9 @@ per row is lightning-ext's per-rank cost alone, without the noise of a step (the
 
 **The cost of one telemetry sample.** Likewise, within each timed telemetry fit, at its last batch, the telemetry
 path of one batch runs :data:`ROW_LOOPS_PER_STEP` ``x train_steps`` times on the fit's own objects: the batch and
-its five phases timed (what the strategy's methods and the loop's hooks do), then the row written: the rank's memory
-read (process, DataLoader workers, host) and the row handed to the per-rank writer (flushing every 100 rows).
+its five phases timed (what the strategy's methods and the loop's hooks do), then the row handed to the per-rank
+writer (flushing every 100 rows), with the rank's memory when a second has passed since it was last read, as in
+training. A reading of the memory (process, DataLoader workers, host) is timed on its own as well.
 
 **Where the ranks line up.** In every timed fit, the time spent in ``torch.distributed.barrier`` (Lightning's, before
 each synced value, in the stock fits) and in lightning-ext's checks (``Lockstep.agree``, in the barrier's place) is
@@ -124,6 +125,7 @@ class TrainingResult:
         sync_ns: per configuration, each timed fit's time per step in barriers and checks (nanoseconds).
         sample_ns: each timed telemetry fit's time per telemetry sample (nanoseconds), in repeat order.
         sample_cpu_ns: the same in CPU time of the main thread.
+        memory_cpu_ns: each timed telemetry fit's CPU time per reading of the rank's memory (at most one a second).
 
     """
 
@@ -137,6 +139,7 @@ class TrainingResult:
     sync_ns: dict[str, list[float]] = field(default_factory=dict)
     sample_ns: list[float] = field(default_factory=list)
     sample_cpu_ns: list[float] = field(default_factory=list)
+    memory_cpu_ns: list[float] = field(default_factory=list)
 
 
 class _SmallModel(L.LightningModule):
@@ -152,6 +155,7 @@ class _SmallModel(L.LightningModule):
         self.net = torch.nn.Sequential(torch.nn.Linear(_FEATURES, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
         self.row_loops, self.loop_at, self.telemetry = row_loops, loop_at, telemetry
         self.loop_ns = self.loop_cpu_ns = 0
+        self.memory_cpu_ns = 0.0
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         x, y = batch
@@ -181,8 +185,13 @@ class _SmallModel(L.LightningModule):
                 timer.begin()
                 timer.end(phase)
             timer.end_batch()
-            telemetry.write_row(step + row)
+            telemetry.write_row(step + row)  # memory is read at most once a second: once or twice in this loop
         self.loop_ns, self.loop_cpu_ns = perf_counter_ns() - wall, thread_time_ns() - cpu
+        readings = max(1, self.row_loops // 10)
+        cpu = thread_time_ns()
+        for _ in range(readings):
+            telemetry.read_memory()
+        self.memory_cpu_ns = (thread_time_ns() - cpu) / readings
 
     def _row_loop(self, loss: torch.Tensor, mae: torch.Tensor) -> None:
         """Run the per-rank row path ``row_loops`` times on this fit's objects (see the module docstring)."""
@@ -393,5 +402,6 @@ def run_training(
             elif config == "telemetry":
                 result.sample_ns.append(model.loop_ns / row_loops)
                 result.sample_cpu_ns.append(model.loop_cpu_ns / row_loops)
+                result.memory_cpu_ns.append(model.memory_cpu_ns)
             progress(batches)
     return result

@@ -111,9 +111,11 @@ def phase_medians(table: pd.DataFrame) -> dict[str, float]:
 def host_memory(table: pd.DataFrame, hosts: pd.DataFrame, *, share: float = HOST_SHARE) -> pd.DataFrame:
     """Per host: the most of its memory its ranks held together at one step, and the biggest rank then.
 
-    ``held`` at a step is the sum over the host's ranks of ``rss + workers_rss``, capped by the host's memory in use
-    (``host_used``): a page that a rank shares with its forked workers is in each one's RSS. ``warn`` when ``held``
-    is more than ``share`` of the host's memory.
+    ``held`` at a step is the sum over the host's ranks of ``rss + workers_rss``, each rank's latest reading at or
+    before that step (the ranks read their memory at their own times), from the first step where every one of them
+    has a reading; capped by the host's memory in use (``host_used``, the largest of the ranks' latest readings): a
+    page that a rank shares with its forked workers is in each one's RSS. ``warn`` when ``held`` is more than
+    ``share`` of the host's memory.
 
     Args:
         table: the long table, with the telemetry memory columns.
@@ -146,25 +148,33 @@ def host_memory(table: pd.DataFrame, hosts: pd.DataFrame, *, share: float = HOST
             f"The table has no {RSS!r} column: the per-rank files hold no telemetry"
             " (turn it on with PerRankMetrics(telemetry=True))"
         )
-    present = [column for column in (RSS, WORKERS_RSS, HOST_USED) if column in table.columns]
-    rows = table.loc[table[RSS].notna() & table["rank"].isin(hosts.index), ["rank", "step", *present]]
-    rows = rows.drop_duplicates(["rank", "step"], keep="last")  # a rank's last sample at a step
-    workers = rows[WORKERS_RSS].fillna(0.0) if WORKERS_RSS in rows.columns else 0.0
-    rows = rows.assign(host=hosts["host"].reindex(rows["rank"]).to_numpy(), held=rows[RSS] + workers)
+    rows = table.loc[table[RSS].notna() & table["rank"].isin(hosts.index)]
+    rows = rows.drop_duplicates(["rank", "step"], keep="last")  # a rank's last reading at a step
+    workers = rows[WORKERS_RSS].fillna(0.0) if WORKERS_RSS in rows.columns else pd.Series(0.0, index=rows.index)
+    used = rows[HOST_USED] if HOST_USED in rows.columns else pd.Series(math.inf, index=rows.index)
+    readings = rows.assign(rss=rows[RSS], workers=workers, used=used.fillna(math.inf))
+    # rank x step, each rank's latest reading carried forward to the later steps
+    latest = {name: readings.pivot(index="step", columns="rank", values=name).sort_index().ffill() for name in
+              ("rss", "workers", "used")}  # fmt: skip
     result = []
-    for host, own in rows.groupby("host", sort=True):
-        held = own.groupby("step")["held"].sum()
-        if HOST_USED in own.columns:
-            used = own.groupby("step")[HOST_USED].max().reindex(held.index)
-            held = held.where(~(used < held), used)
+    for host, ranks in hosts["host"].groupby(hosts["host"], sort=True):
+        mine = [rank for rank in ranks.index if rank in latest["rss"].columns]
+        if not mine:
+            continue
+        rss, own_workers = latest["rss"][mine], latest["workers"][mine]
+        complete = rss.notna().all(axis=1)
+        held = (rss + own_workers)[complete].sum(axis=1)
+        held = held.where(
+            held <= latest["used"][mine][complete].max(axis=1), latest["used"][mine][complete].max(axis=1)
+        )
         step = held.idxmax()
-        at = own[own["step"] == step].sort_values(["held", "rank"], ascending=[False, True], kind="stable")
-        biggest = at.iloc[0]
+        each = (rss + own_workers).loc[step]
+        biggest = int(each.sort_index().idxmax())
         memory = float(hosts.loc[hosts["host"] == host, "host_memory_bytes"].max())
         fraction = float(held[step]) / memory if memory > 0 else math.nan
-        workers = float(biggest["held"] - biggest[RSS])
-        result.append([str(host), int(own["rank"].nunique()), int(step), float(held[step]), memory, fraction])
-        result[-1] += [int(biggest["rank"]), float(biggest["held"]), float(biggest[RSS]), workers, fraction > share]
+        figures = [float(each[biggest]), float(rss.at[step, biggest]), float(own_workers.at[step, biggest])]
+        result.append([str(host), len(mine), int(step), float(held[step]), memory, fraction, biggest, *figures])
+        result[-1].append(fraction > share)
     frame = pd.DataFrame(result, columns=_HOST_COLUMNS)
     frame = frame.sort_values(["share", "host"], ascending=[False, True], kind="stable", na_position="last")
     return frame.reset_index(drop=True)

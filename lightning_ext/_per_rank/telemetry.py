@@ -1,13 +1,14 @@
 """Per-rank telemetry: each training batch timed by phase, the rank's memory sampled, rows to its own file."""
 
 import json
+import math
 import multiprocessing
 import os
 import socket
 import warnings
 from collections.abc import Callable
 from datetime import datetime, timezone
-from time import perf_counter_ns
+from time import monotonic, perf_counter_ns
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -33,6 +34,7 @@ from lightning_ext.errors import RankMetricsWarning
 __all__ = ["BACKWARD", "COLLECTIVES", "FORWARD", "OPTIMIZER", "StepTimer", "Telemetry", "timed", "timing"]
 
 DATA_WAIT, FORWARD, BACKWARD, OPTIMIZER, COLLECTIVES = range(5)
+MEMORY_EVERY_S = 1.0  # memory is read at most this often: psutil's reads of /proc cost 30-150 µs of CPU
 _PHASES = (DATA_WAIT_S, FORWARD_S, BACKWARD_S, OPTIMIZER_S, COLLECTIVES_S)
 HOST_FORMAT = "lightning-ext per-rank host/1"
 _Result = TypeVar("_Result")
@@ -127,8 +129,14 @@ class _Memory:
         self._process = psutil.Process()
         self._children: dict[int, psutil.Process] = {}
         self._cuda_device = cuda_device
+        self._read_at = -math.inf
 
-    def sample(self) -> dict[str, int]:
+    def sample(self, *, now: bool = False) -> dict[str, int]:
+        """The memory columns, or none if they were read less than :data:`MEMORY_EVERY_S` ago (``now``: read)."""
+        clock = monotonic()
+        if not now and clock - self._read_at < MEMORY_EVERY_S:
+            return {}
+        self._read_at = clock
         host = psutil.virtual_memory()
         row = {RSS_BYTES: self._process.memory_info().rss, WORKERS_RSS_BYTES: self._workers(), HOST_USED_BYTES: 0}
         row[HOST_USED_BYTES] = host.total - host.available
@@ -217,7 +225,7 @@ class Telemetry:
             loop.__dict__.pop(name, None)
         if self._last_step is not None:
             try:
-                self.write_row(self._last_step)
+                self.write_row(self._last_step, memory_now=True)
             except Exception as error:
                 self._warn(error, "writing its last row")
 
@@ -230,13 +238,18 @@ class Telemetry:
         except Exception as error:
             self._stop(error, "sampling")
 
-    def write_row(self, step: int) -> None:
-        """Write the means of the batches timed since the last row, and the memory now, as the row of ``step``."""
+    def write_row(self, step: int, *, memory_now: bool = False) -> None:
+        """Write the means of the batches timed since the last row as the row of ``step``, with the memory now if it
+        was last read :data:`MEMORY_EVERY_S` ago or more (``memory_now``: in any case)."""
         row: dict[str, float | int] = dict(self.timer.take())
         if row:
-            row.update(self._memory.sample())
+            row.update(self._memory.sample(now=memory_now))
             row["epoch"] = self._epoch  # as Lightning adds to its rows
             self._logger.log_telemetry(row, step)
+
+    def read_memory(self) -> dict[str, int]:
+        """The rank's memory columns, read now (what a row holds at most once a second)."""
+        return self._memory.sample(now=True)
 
     def _stop(self, error: Exception, doing: str) -> None:
         self._last_step = None

@@ -61,20 +61,30 @@ def stragglers(
 def host_peaks(
     rows: list[tuple[int, int, float, float, float]], hosts: dict[int, tuple[str, float]], share: float = 0.5
 ) -> dict[str, tuple[int, float, bool]]:
-    """``{host: (peak step, held, warn)}`` from ``(rank, step, rss, workers_rss, host_used)`` rows."""
+    """``{host: (peak step, held, warn)}`` from ``(rank, step, rss, workers_rss, host_used)`` rows.
+
+    At each step, each of the host's ranks counts with its latest reading at or before it (steps before every rank
+    has one are left out); workers' NaN is 0; the sum is capped by the largest ``host_used`` among those readings.
+    """
     last: dict[tuple[int, int], tuple[float, float, float]] = {}
     for rank, step, rss, workers, used in rows:
-        last[(rank, step)] = (rss, workers, used)
-    totals: dict[str, dict[int, list[float]]] = {}
-    for (rank, step), (rss, workers, used) in last.items():
-        host = hosts[rank][0]
-        entry = totals.setdefault(host, {}).setdefault(step, [0.0, -math.inf])
-        entry[0] += rss + (0.0 if math.isnan(workers) else workers)
-        entry[1] = max(entry[1], used)
+        last[(rank, step)] = (rss, 0.0 if math.isnan(workers) else workers, math.inf if math.isnan(used) else used)
     result = {}
-    for host, per_step in totals.items():
-        held = {step: min(total, used) if not math.isnan(used) else total for step, (total, used) in per_step.items()}
+    for host in sorted({name for name, _ in hosts.values()}):
+        ranks = sorted({rank for rank, _ in last if hosts[rank][0] == host})
+        if not ranks:
+            continue
+        held: dict[int, float] = {}
+        for step in sorted({step for rank, step in last if rank in ranks}):
+            readings = []
+            for rank in ranks:
+                earlier = [at for who, at in last if who == rank and at <= step]
+                if earlier:
+                    readings.append(last[(rank, max(earlier))])
+            if len(readings) == len(ranks):
+                total = sum(rss + workers for rss, workers, _ in readings)
+                held[step] = min(total, max(used for _, _, used in readings))
         peak = max(sorted(held), key=lambda step: held[step])
-        memory = max(memory for name, memory in hosts.values() if name == host)
+        memory = max(size for name, size in hosts.values() if name == host)
         result[host] = (peak, held[peak], held[peak] > share * memory)
     return result

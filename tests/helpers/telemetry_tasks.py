@@ -3,7 +3,7 @@
 ``slow_data`` sleeps ``delay`` seconds per batch in that rank's dataset (data loading); ``slow_compute`` sleeps
 ``delay`` in that rank's ``training_step`` before it logs its loss with ``sync_dist=True``, so the other ranks wait
 for it inside a collective of the forward (the telemetry's ``collectives`` phase). ``fail_memory_rank``: on that rank,
-reading the host's memory fails (``OSError``) from the third telemetry row on, as a broken ``/proc`` would.
+reading the host's memory fails (``OSError``) after the host record, as a broken ``/proc`` would.
 """
 
 from __future__ import annotations
@@ -85,9 +85,9 @@ def fit(
     original = psutil.virtual_memory
     calls = [0]
 
-    def failing() -> Any:  # the host record, then one call per telemetry row
+    def failing() -> Any:  # the host record, then the first telemetry row's reading
         calls[0] += 1
-        if calls[0] > 3:
+        if calls[0] > 1:
             raise OSError("injected")
         return original()
 

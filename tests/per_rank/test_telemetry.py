@@ -70,9 +70,12 @@ def test_every_rank_has_every_column_with_plausible_values(slowed_run: tuple[Pat
         # the phases are parts of the step
         assert (phases.sum(axis=1) <= rows["telemetry/step_s"] * 1.001).all()
         assert (rows["telemetry/step_s"] >= DELAY * 0.9).all()  # every rank waits for the slow ones each step
-        assert ((rows["telemetry/rss_bytes"] > 50 * 2**20) & (rows["telemetry/rss_bytes"] < memory)).all()
-        assert (rows["telemetry/workers_rss_bytes"] == 0).all()  # num_workers=0: no DataLoader worker
-        assert ((rows["telemetry/host_used_bytes"] > 0) & (rows["telemetry/host_used_bytes"] <= memory)).all()
+        # memory is read at the first row, then at most once a second (this run lasts about one)
+        read = rows[rows["telemetry/rss_bytes"].notna()]
+        assert 1 <= len(read) <= 4 and read["step"].iloc[0] == 0
+        assert ((read["telemetry/rss_bytes"] > 50 * 2**20) & (read["telemetry/rss_bytes"] < memory)).all()
+        assert (read["telemetry/workers_rss_bytes"] == 0).all()  # num_workers=0: no DataLoader worker
+        assert ((read["telemetry/host_used_bytes"] > 0) & (read["telemetry/host_used_bytes"] <= memory)).all()
         assert "telemetry/cuda_allocated_bytes" not in table.columns  # CPU
         # the delays land where they were put: data loading on rank 1, the training step on rank 2
         slowed = {1: "telemetry/data_wait_s", 2: "telemetry/forward_s"}.get(rank)
@@ -132,6 +135,6 @@ def test_a_failing_sample_stops_telemetry_on_that_rank_only(rank_pools: Any, tmp
     assert "Per-rank telemetry of rank 1 stopped: OSError: injected (while sampling)" in results[1]["warnings"][0]
     table = read_rank_metrics(results[0]["log_dir"])
     samples = table.groupby("rank")["telemetry/step_s"].count().to_dict()
-    assert samples == {0: BATCHES, 1: 2, 2: BATCHES}  # rank 1's third sample failed; its rows before it are kept
+    assert samples == {0: BATCHES, 1: 0, 2: BATCHES}  # rank 1's first reading of its memory failed
     losses = table.groupby("rank")["loss"].count().to_dict()
     assert losses == {0: BATCHES, 1: BATCHES, 2: BATCHES}  # the metric rows went on
