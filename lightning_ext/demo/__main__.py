@@ -1,4 +1,4 @@
-"""``python -m lightning_ext.demo``: a tiny DDP run under each policy, then two pitfalls that freeze stock DDP."""
+"""``python -m lightning_ext.demo``: a tiny DDP run under each policy, a straggler found, then two pitfalls."""
 
 import argparse
 import logging
@@ -14,6 +14,7 @@ from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_ext.demo.pitfalls import PITFALLS, run_pitfall
+from lightning_ext.demo.straggler import find_the_straggler
 from lightning_ext.policies import Quorum
 from lightning_ext.rank_metrics import read_rank_metrics
 from lightning_ext.rank_spread import format_spread, summarize_spread
@@ -185,6 +186,7 @@ def main(argv: list[str] | None = None) -> None:
         if os.environ.get("LOCAL_RANK", "0") == "0" and os.path.isdir(root):
             shutil.rmtree(root)
         runs[name] = _run(policy, args.devices, args.epochs, root)
+    straggler = find_the_straggler(args.devices, args.root) if args.devices > 1 else None
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()  # a clean exit for every rank
     if runs["stock ddp"]["rank"] == 0:
@@ -196,6 +198,7 @@ def main(argv: list[str] | None = None) -> None:
         defaults = runs["defaults"]["root"]
         print(f"\nspread across ranks of the 'defaults' run (lightning-ext ranks {defaults}):")
         print(format_spread(summarize_spread(read_rank_metrics(defaults), metrics=["val_loss"])))
+        print("\n".join(straggler or []))
         if not args.no_pitfalls:
             _show_pitfalls(args.devices, os.path.join(args.root, "pitfalls"))
 

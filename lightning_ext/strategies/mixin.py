@@ -14,6 +14,16 @@ from lightning_ext._decisions import checkpoint, early_stopping
 from lightning_ext._hang.guard import HangChecks, HangGuard, UnevenMode, validate_options
 from lightning_ext._per_rank import local_values
 from lightning_ext._per_rank.logger import RankCSVLogger, loggers_for
+from lightning_ext._per_rank.telemetry import (
+    BACKWARD,
+    COLLECTIVES,
+    FORWARD,
+    OPTIMIZER,
+    StepTimer,
+    Telemetry,
+    timed,
+    timing,
+)
 from lightning_ext.errors import PolicyMismatchError, mark_joint
 from lightning_ext.policies import DecisionPolicy, PolicyLike, resolve_policy
 from lightning_ext.rank_metrics import PerRankMetrics
@@ -87,6 +97,8 @@ class PolicyStrategyMixin(_Strategy):
         self._per_rank_metrics = PerRankMetrics() if per_rank_metrics is True else (per_rank_metrics or None)
         self._run_log_dir: str | None = None
         self.rank_metrics_logger: RankCSVLogger | None = None
+        self._telemetry: Telemetry | None = None
+        self._step_timer: StepTimer | None = None  # times the phases below while telemetry is on
         self._hang_guard = HangGuard(hang_checks, uneven_batches, check_unsized_loaders, self._flush_rank_files)
 
     @property
@@ -146,6 +158,12 @@ class PolicyStrategyMixin(_Strategy):
         if self.rank_metrics_logger is not None and trainer is not None and trainer.ckpt_path is not None:
             # resumed: rows after the checkpoint's step will be logged again, so the writer drops them from the file
             self.rank_metrics_logger.resume_from_step = trainer.fit_loop.epoch_loop._batches_that_stepped
+        options = self._per_rank_metrics
+        if self.rank_metrics_logger is not None and trainer is not None and options is not None and options.telemetry:
+            cuda = self.root_device if self.root_device.type == "cuda" else None
+            self._telemetry = Telemetry(self.rank_metrics_logger, self._rank(), options.telemetry_every_n_steps, cuda)
+            self._telemetry.attach(trainer)
+            self._step_timer = self._telemetry.timer
 
     @override
     def on_validation_start(self) -> None:
@@ -165,6 +183,9 @@ class PolicyStrategyMixin(_Strategy):
         finally:
             self._hang_guard.stop()
         rank_logger, self.rank_metrics_logger = self.rank_metrics_logger, None
+        telemetry, self._telemetry, self._step_timer = self._telemetry, None, None
+        if telemetry is not None:
+            telemetry.detach()  # its last row, before the file is closed
         if rank_logger is not None:
             local_values.stop_capture()
             rank_logger.close()
@@ -190,27 +211,43 @@ class PolicyStrategyMixin(_Strategy):
         return loggers_for(trainer, metrics)
 
     @override
+    def training_step(self, *args: Any, **kwargs: Any) -> Any:
+        return timed(self._step_timer, FORWARD, super().training_step, *args, **kwargs)
+
+    @override
+    def backward(self, *args: Any, **kwargs: Any) -> Any:
+        return timed(self._step_timer, BACKWARD, super().backward, *args, **kwargs)
+
+    @override
+    def optimizer_step(self, *args: Any, **kwargs: Any) -> Any:
+        return timed(self._step_timer, OPTIMIZER, super().optimizer_step, *args, **kwargs)
+
+    @override
     def reduce(self, tensor: Any, group: Any | None = None, reduce_op: Any = "mean") -> Any:
         tensor = _collective.exact_mean_input(tensor, reduce_op)
-        return self._hang_guard.reduce(super().reduce, tensor, group, reduce_op)  # type: ignore[safe-super]
+        with timing(self._step_timer, COLLECTIVES):
+            return self._hang_guard.reduce(super().reduce, tensor, group, reduce_op)  # type: ignore[safe-super]
 
     @override
     def barrier(self, name: str | None = None) -> None:
-        self._hang_guard.check_call(f"strategy.barrier({name!r})", ("barrier", name))
-        super().barrier(name)  # type: ignore[safe-super]
+        with timing(self._step_timer, COLLECTIVES):
+            self._hang_guard.check_call(f"strategy.barrier({name!r})", ("barrier", name))
+            super().barrier(name)  # type: ignore[safe-super]
 
     @override
     def broadcast(self, obj: Any, src: int = 0) -> Any:
-        self._hang_guard.check_call(f"strategy.broadcast(src={src})", ("broadcast", src))
-        return super().broadcast(obj, src)  # type: ignore[safe-super]
+        with timing(self._step_timer, COLLECTIVES):
+            self._hang_guard.check_call(f"strategy.broadcast(src={src})", ("broadcast", src))
+            return super().broadcast(obj, src)  # type: ignore[safe-super]
 
     @override
     def all_gather(self, tensor: Any, group: Any | None = None, sync_grads: bool = False) -> Any:
-        if _collective.is_world(group):
-            shape = tuple(tensor.shape) if hasattr(tensor, "shape") else None
-            identity = ("all_gather", shape, str(getattr(tensor, "dtype", None)))
-            self._hang_guard.check_call("strategy.all_gather()", identity, debug_only=True)
-        return super().all_gather(tensor, group=group, sync_grads=sync_grads)
+        with timing(self._step_timer, COLLECTIVES):
+            if _collective.is_world(group):
+                shape = tuple(tensor.shape) if hasattr(tensor, "shape") else None
+                identity = ("all_gather", shape, str(getattr(tensor, "dtype", None)))
+                self._hang_guard.check_call("strategy.all_gather()", identity, debug_only=True)
+            return super().all_gather(tensor, group=group, sync_grads=sync_grads)
 
     def on_run_failure(self, error: BaseException) -> None:
         """The ``Trainer._run`` seam: a fit/validate/test raised on this rank (see :class:`HangGuard.on_failure`)."""
