@@ -1,12 +1,12 @@
-"""One decision's exchange (one all-reduce of one packed row), and the errors every rank raises together."""
+"""One decision's exchange (one all-to-all of every rank's row), and the errors every rank raises together."""
 
 import functools
 from typing import Any, NoReturn
 
 from torch import Tensor
 
-from lightning_ext._collective import RankGroup, all_gather_objects, all_reduce_row
-from lightning_ext._decisions.rows import Agreement, Observation, RowLayout, pack, unpack
+from lightning_ext._collective import RankGroup, all_gather_objects, gather_rows
+from lightning_ext._decisions.rows import Agreement, Observation, RowLayout, agree_rows, pack
 from lightning_ext.errors import LocalDecisionError, MonitorMissingError, mark_joint
 from lightning_ext.policies import AggregatePolicy, DecisionPolicy, VotePolicy, VoteTally
 
@@ -14,9 +14,9 @@ __all__ = ["agree", "as_vote", "decide", "layout_kind", "row_layout"]
 
 
 @functools.lru_cache(maxsize=256)
-def row_layout(kind: Any, world_size: int, with_reference: bool, extras: int) -> RowLayout:
+def row_layout(kind: Any, world_size: int, extras: int) -> RowLayout:
     """A decision's row layout (cached: a run uses a handful, and each is validated once)."""
-    return RowLayout(kind, world_size, with_reference=with_reference, extras=extras)
+    return RowLayout(kind, world_size, extras=extras)
 
 
 def layout_kind(policy: DecisionPolicy) -> Any:
@@ -32,9 +32,7 @@ def agree(
     ranks: RankGroup, layout: RowLayout, observation: Observation, failure: BaseException | None, callback: Any
 ) -> Agreement:
     """The one exchange of a decision, and the errors every rank raises together."""
-    agreement = unpack(
-        layout, all_reduce_row(pack(layout, observation, rank=ranks.rank), ranks, op=layout.op, dtype=layout.dtype)
-    )
+    agreement = agree_rows(layout, gather_rows(pack(layout, observation, rank=ranks.rank), ranks))
     if agreement.failed:
         _raise_failure(ranks, failure, callback)
     if agreement.presence == "mixed":

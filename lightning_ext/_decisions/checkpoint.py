@@ -137,7 +137,7 @@ def decide_top_k(
     except Exception as exc:  # reported on every rank after the exchange, so no rank is left waiting
         failure, extras = exc, (None,) * len(extra_keys)
 
-    layout = row_layout(layout_kind(policy), ranks.world_size, is_vote, len(extra_keys))
+    layout = row_layout(layout_kind(policy), ranks.world_size, len(extra_keys))
     agreement = agree(ranks, layout, Observation(value, vote, extras, failure is not None), failure, callback)
     if agreement.presence == "none":
         return None

@@ -84,7 +84,7 @@ def decide_early_stop(
     except Exception as exc:  # reported on every rank after the exchange
         failure = exc
 
-    layout = row_layout(layout_kind(policy), ranks.world_size, False, 0)
+    layout = row_layout(layout_kind(policy), ranks.world_size, 0)
     agreement = agree(ranks, layout, Observation(value, vote, (), failure is not None), failure, callback)
     if agreement.presence == "none":
         return None

@@ -131,7 +131,7 @@ def test_smoke_collectives_are_counted(smoke: tuple[Path, subprocess.CompletedPr
     for row in rows:
         path, _, name = row["subject"].partition("/")
         if path in ("checkpoint", "early_stopping") and name != "stock":
-            assert row["collectives"] == 1 and row["collectives_by_name"] == {"all_reduce": 1}, row
+            assert row["collectives"] == 1 and row["collectives_by_name"] == {"all_to_all_single": 1}, row
         elif path in ("checkpoint", "early_stopping"):  # stock: _sync_ddp's barrier, then its all_reduce
             assert row["collectives_by_name"] == {"all_reduce": 1, "barrier": 1}, row
     steps = {row["subject"]: row for row in rows if row["subject"] in TRAINING_SUBJECTS}

@@ -31,7 +31,7 @@ def assert_group_in_step(pool: RankPool) -> None:
     """A real exchange through the pool's process group gives every rank the right tally: the group still works and
     its ranks are in step (a rank still inside an earlier collective would hang this one, by its deadline)."""
     world = pool.world_size
-    per_rank = [("vote", True, 0, Observation(float(rank), vote=rank % 2 == 0)) for rank in range(world)]
+    per_rank = [("vote", 0, Observation(float(rank), vote=rank % 2 == 0)) for rank in range(world)]
     results = pool.run("tests.helpers.decision_tasks:exchange", *per_rank, timeout=30)
     for rank, (_, agreement) in enumerate(results):
         assert (agreement.presence, agreement.yes, agreement.value) == ("all", (world + 1) // 2, 0.0), f"rank {rank}"

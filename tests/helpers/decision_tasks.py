@@ -13,10 +13,10 @@ import torch
 import torch.distributed as dist
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from lightning_ext._collective import RankGroup, all_reduce_row
+from lightning_ext._collective import RankGroup, gather_rows
 from lightning_ext._decisions import checkpoint, early_stopping
 from lightning_ext._decisions.local_top_k import LocalTopK
-from lightning_ext._decisions.rows import Observation, RowLayout, pack, unpack
+from lightning_ext._decisions.rows import Observation, RowLayout, agree_rows, pack
 from lightning_ext.policies import DecisionPolicy, Quorum, VotePolicy, VoteTally, resolve_policy
 from tests.helpers import stand_ins as _stand_ins
 from tests.helpers.stand_ins import (
@@ -64,12 +64,12 @@ def rank_group() -> RankGroup:
     return RankGroup(1, 0, torch.device("cpu"))
 
 
-def exchange(kind: str, with_reference: bool, n_extras: int, observation: Observation) -> tuple[list[Any], Any]:
-    """One packed all-reduce; returns the reduced row (to compare bit for bit across ranks) and the agreement."""
+def exchange(kind: str, n_extras: int, observation: Observation) -> tuple[list[list[int]], Any]:
+    """One decision's exchange; returns every rank's row as received (to compare across ranks) and the agreement."""
     ranks = rank_group()
-    layout = RowLayout(kind, ranks.world_size, with_reference=with_reference, extras=n_extras)  # type: ignore[arg-type]
-    reduced = all_reduce_row(pack(layout, observation, rank=ranks.rank), ranks, op=layout.op, dtype=layout.dtype)
-    return reduced, unpack(layout, reduced)
+    layout = RowLayout(kind, ranks.world_size, extras=n_extras)  # type: ignore[arg-type]
+    rows = gather_rows(pack(layout, observation, rank=ranks.rank), ranks)
+    return rows, agree_rows(layout, rows)
 
 
 def checkpoint_state(callback: ModelCheckpoint, trainer: StandInTrainer, vote: bool) -> dict[str, Any]:
