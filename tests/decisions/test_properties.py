@@ -32,7 +32,7 @@ NAMED = ["all", "any", "majority", "rank_zero", "mean", "min", "max"]
 
 def every_policy(world: int) -> list[str]:
     """Each example runs every policy on the same per-rank data: the rules are tested side by side."""
-    return [*NAMED, *(f"quorum:{k}" for k in range(1, world + 1)), "two_thirds"]
+    return [*NAMED, *(f"quorum:{k}" for k in range(1, world + 1)), "quorum%:75", "two_thirds"]
 
 
 AGGREGATES = _reference.AGGREGATES

@@ -43,10 +43,13 @@ def is_aggregate(spec: str) -> bool:
 
 
 def vote_rule(spec: str, votes: list[bool]) -> bool:
-    """Whether a vote policy acts on these votes (``"quorum:k"``: at least ``k`` yes votes)."""
+    """Whether a vote policy acts on these votes (``"quorum:k"``: at least ``k`` yes votes; ``"quorum%:p"``: at least
+    ``p`` percent of the ranks, rounded up)."""
     yes, world = sum(votes), len(votes)
     if spec.startswith("quorum:"):
         return yes >= int(spec.split(":")[1])
+    if spec.startswith("quorum%:"):
+        return 100 * yes >= int(spec.split(":")[1]) * world
     return VOTE_RULES[spec](yes, world, votes[0])
 
 

@@ -53,6 +53,8 @@ def policy_from_spec(spec: str) -> DecisionPolicy:
     """The lightning_ext policy that a reference spec names (``"quorum:2"`` → ``Quorum(2)``, ...)."""
     if spec.startswith("quorum:"):
         return Quorum(int(spec.split(":")[1]))
+    if spec.startswith("quorum%:"):
+        return Quorum(int(spec.split(":")[1]) / 100)
     if spec == "two_thirds":
         return TwoThirds()
     return resolve_policy(spec)
