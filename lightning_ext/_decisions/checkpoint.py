@@ -100,6 +100,10 @@ def prepare_topk_decision(callback: ModelCheckpoint, trainer: Any, monitor_candi
     policy: DecisionPolicy = trainer.strategy.checkpoint_policy
     decision = decide_top_k(RankGroup.from_strategy(trainer.strategy), policy, callback, trainer, monitor_candidates)
     callback.__dict__[_EARLY_DECISION] = (monitor_candidates, decision)
+    if (
+        decision is not None
+    ):  # rank_zero, metric on rank 0 only: the rank-local "defer the save" check must pass here too
+        monitor_candidates.setdefault(callback.monitor, decision.names[callback.monitor])
 
 
 def decide_top_k(
@@ -138,10 +142,10 @@ def decide_top_k(
         failure, extras = exc, (None,) * len(extra_keys)
 
     layout = row_layout(layout_kind(policy), ranks.world_size, len(extra_keys))
-    agreement = agree(ranks, layout, Observation(value, vote, extras, failure is not None), failure, callback)
+    observation = Observation(value, vote, extras, failure is not None)
+    agreement = agree(ranks, layout, observation, failure, callback, policy, "checkpoint_policy")
     if agreement.presence == "none":
         return None
-    assert current is not None
 
     names: dict[str, Tensor | None] = {
         key: None if extra is None else torch.tensor(extra, dtype=torch.float64)
@@ -149,12 +153,16 @@ def decide_top_k(
     }
     if isinstance(policy, VotePolicy):
         wanted = decide(policy, VoteTally(agreement.yes, ranks.world_size, agreement.rank_zero_vote))
-        rank_zero = torch.tensor(agreement.value, dtype=current.dtype, device=current.device)
+        like = current if current is not None else torch.tensor(0.0)  # rank_zero: this rank may lack the metric
+        rank_zero = torch.tensor(agreement.value, dtype=like.dtype, device=like.device)
         names[monitor] = rank_zero
         # the score recorded is rank 0's value, whatever rank 0 voted: a non-finite one must never be recorded
         save = wanted and math.isfinite(agreement.value)
-        return TopKDecision(save=save, score=rank_zero, names=names, local_score=current)
+        return TopKDecision(
+            save=save, score=rank_zero, names=names, local_score=rank_zero if current is None else current
+        )
 
+    assert current is not None  # presence is "all" under an aggregate policy
     agreed = torch.tensor(agreement.value, dtype=current.dtype, device=current.device)
     with _local_decisions(trainer.strategy):
         local = callback.check_monitor_top_k(trainer, agreed)

@@ -85,10 +85,10 @@ def decide_early_stop(
         failure = exc
 
     layout = row_layout(layout_kind(policy), ranks.world_size, 0)
-    agreement = agree(ranks, layout, Observation(value, vote, (), failure is not None), failure, callback)
+    observation = Observation(value, vote, (), failure is not None)
+    agreement = agree(ranks, layout, observation, failure, callback, policy, "early_stopping_policy")
     if agreement.presence == "none":
         return None
-    assert current is not None
     nonfinite_stop = callback.check_finite and agreement.nonfinite
     nonfinite_reason = (
         f"Monitored metric {callback.monitor} is not finite on at least one rank. Signaling every rank to stop."
@@ -104,6 +104,7 @@ def decide_early_stop(
             reason = reason if vote else nonfinite_reason  # the non-finite rank keeps its own stock message
         return StopDecision(stop=stop, reason=reason)
 
+    assert current is not None  # presence is "all" under an aggregate policy
     agreed = torch.tensor(agreement.value, dtype=current.dtype, device=current.device)
     should_stop, reason = callback._evaluate_stopping_criteria(agreed)
     stop = as_vote(should_stop, f"{type(callback).__name__}._evaluate_stopping_criteria")
