@@ -102,7 +102,12 @@ def policy_label(policy: DecisionPolicy) -> str:
         return f"Quorum({policy.k!r})"
     if isinstance(policy, AggregatePolicy):
         return policy.reduction
-    names = {AllRanks: "all", AnyRank: "any", Majority: "majority", RankZero: "rank_zero"}
+    names: dict[type[DecisionPolicy], str] = {
+        AllRanks: "all",
+        AnyRank: "any",
+        Majority: "majority",
+        RankZero: "rank_zero",
+    }
     return names.get(type(policy), repr(policy))
 
 
