@@ -245,9 +245,8 @@ def _stop_phrase(
         margin = f" by more than {_fmt(abs(state.min_delta))}" if state.min_delta else ""
         stops = wait >= state.patience
         predicate = f"did not improve on {whose} best {known}{margin}"
-        predicate += (
-            f" in {wait} checks, patience {state.patience}" if stops else f", {wait} of patience {state.patience}"
-        )
+        checks = f"{wait} check" + ("" if wait == 1 else "s")
+        predicate += f" in {checks}, patience {state.patience}" if stops else f", {wait} of patience {state.patience}"
     return (shown, predicate) if stops == stop else ("", "")
 
 
