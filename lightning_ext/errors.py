@@ -7,6 +7,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CrossRankError",
+    "DecisionRecordError",
+    "DecisionRecordWarning",
     "DivergentCollectiveError",
     "DivergentLoggingError",
     "LocalDecisionError",
@@ -70,6 +72,15 @@ class MixedRunsError(RankMetricsError):
 
 class RankMetricsWarning(RuntimeWarning):
     """Per-rank metrics stepped aside (a rank stopped writing its file) or a file is incomplete."""
+
+
+# ---- the decision record -------------------------------------------------------------------------------------------
+class DecisionRecordError(ValueError):
+    """A decision record (``decisions.csv``) is malformed or mixes runs; the message names the file and line."""
+
+
+class DecisionRecordWarning(RuntimeWarning):
+    """The decision record stepped aside (rank 0 could not write it) or is incomplete."""
 
 
 # ---- the patch tool ------------------------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from lightning_ext._collective import RankGroup, all_gather_objects
 from lightning_ext._decisions import checkpoint, early_stopping
 from lightning_ext._hang.guard import HangChecks, HangGuard, UnevenMode, validate_options
 from lightning_ext._per_rank import local_values
+from lightning_ext._per_rank.decision_file import DecisionFile
 from lightning_ext._per_rank.logger import RankCSVLogger, loggers_for
 from lightning_ext.errors import PolicyMismatchError, mark_joint
 from lightning_ext.policies import DecisionPolicy, PolicyLike, resolve_policy
@@ -46,6 +47,9 @@ class PolicyStrategyMixin(_Strategy):
         uneven_batches: ``"error"`` (default) or ``"truncate"``: what to do when the ranks' dataloaders have
             different numbers of batches in an epoch.
         check_unsized_loaders: compare loaders without a length after every batch (one small check per step).
+        decision_record: ``True`` (default): rank 0 records every ``ModelCheckpoint``/``EarlyStopping`` decision, with
+            every rank's value and vote and the reason, in ``<log_dir>/decisions.csv`` whenever the trainer has a
+            logger with a directory (``docs/decision-record.md``); ``False``: no record.
 
     Raises:
         TypeError: at construction, the class is not a ``ParallelStrategy``, or it overrides
@@ -68,9 +72,12 @@ class PolicyStrategyMixin(_Strategy):
         hang_checks: HangChecks = True,
         uneven_batches: UnevenMode = "error",
         check_unsized_loaders: bool = False,
+        decision_record: bool = True,
         **kwargs: Any,
     ) -> None:
         _check_base(type(self))
+        if not isinstance(decision_record, bool):
+            raise TypeError(f"decision_record must be True or False, got {decision_record!r}")
         validate_options(hang_checks, uneven_batches, check_unsized_loaders)
         _runtime.install()
         if not _runtime.seams_available():
@@ -88,6 +95,10 @@ class PolicyStrategyMixin(_Strategy):
         self._run_log_dir: str | None = None
         self.rank_metrics_logger: RankCSVLogger | None = None
         self._hang_guard = HangGuard(hang_checks, uneven_batches, check_unsized_loaders, self._flush_rank_files)
+        self._decision_record = decision_record
+        self._record_dir: str | None = None  # rank 0's logger directory, agreed at set-up
+        self._run = ""
+        self.decision_file: DecisionFile | None = None  # rank 0's record, during a run
 
     @property
     def checkpoint_policy(self) -> DecisionPolicy:
@@ -114,6 +125,11 @@ class PolicyStrategyMixin(_Strategy):
         """What happens when the ranks' dataloaders have different numbers of batches: ``"error"`` or ``"truncate"``."""
         return self._hang_guard.uneven_batches
 
+    @property
+    def decision_record(self) -> bool:
+        """Whether rank 0 records every decision in ``<log_dir>/decisions.csv`` (when there is a logger)."""
+        return self._decision_record
+
     @override
     def __setstate__(self, state: dict[str, Any]) -> None:
         # a spawned rank unpickles the strategy before Trainer._run: the seams must be in place before that call
@@ -130,6 +146,8 @@ class PolicyStrategyMixin(_Strategy):
     @override
     def setup(self, trainer: Any) -> None:
         super().setup(trainer)
+        if self._record_dir is not None and self._rank() == 0:
+            self.decision_file = DecisionFile(self._record_dir, self._run)
         if self._per_rank_metrics is None or self._run_log_dir is None:
             return
         self.rank_metrics_logger = RankCSVLogger(self._run_log_dir, self._rank(), self._per_rank_metrics)
@@ -141,6 +159,8 @@ class PolicyStrategyMixin(_Strategy):
     def on_train_start(self) -> None:
         super().on_train_start()
         trainer = self._trainer()
+        if self.decision_file is not None and trainer is not None and trainer.ckpt_path is not None:
+            self.decision_file.resume_from_step = trainer.global_step  # later decisions are made again
         if self.rank_metrics_logger is not None and trainer is not None and trainer.ckpt_path is not None:
             # resumed: rows after the checkpoint's step will be logged again, so the writer drops them from the file
             self.rank_metrics_logger.resume_from_step = trainer.fit_loop.epoch_loop._batches_that_stepped
@@ -151,6 +171,9 @@ class PolicyStrategyMixin(_Strategy):
             self._hang_guard.finish(self._trainer())
         finally:
             self._hang_guard.stop()
+        decision_file, self.decision_file = self.decision_file, None
+        if decision_file is not None:
+            decision_file.close()
         rank_logger, self.rank_metrics_logger = self.rank_metrics_logger, None
         if rank_logger is not None:
             local_values.stop_capture()
@@ -229,11 +252,13 @@ class PolicyStrategyMixin(_Strategy):
                 self._early_stopping_policy.describe(),
                 repr(self._per_rank_metrics),
                 repr((self._hang_guard.mode, self._hang_guard.uneven_batches, self._hang_guard.check_unsized_loaders)),
+                repr(self._decision_record),
             ),
             "invalid": _invalid_policies(self._checkpoint_policy, self._early_stopping_policy, self.world_size),
             "loggers": None if trainer is None else len(_versioned_loggers(trainer)),
             "versions": _logger_versions(trainer) if rank == 0 else None,
             "log_dir": _log_dir(trainer) if rank == 0 and self._per_rank_metrics else None,
+            "record_dir": _logger_dir(trainer) if rank == 0 and self._decision_record else None,
             "namespace": f"lightning_ext/{uuid.uuid4().hex}/" if rank == 0 else None,
         }
         everyone = all_gather_objects(mine, RankGroup.from_strategy(self))
@@ -245,7 +270,9 @@ class PolicyStrategyMixin(_Strategy):
             for logger, version in zip(_versioned_loggers(trainer), everyone[0]["versions"], strict=True):
                 logger._version = version
         self._run_log_dir = everyone[0]["log_dir"]
+        self._record_dir = everyone[0]["record_dir"]
         namespace: str = everyone[0]["namespace"]
+        self._run = namespace.split("/")[1][:12]
         return namespace
 
 
@@ -258,7 +285,8 @@ def _validate_agreement(everyone: list[dict[str, Any]]) -> None:
     if any(theirs["options"] != everyone[0]["options"] for theirs in everyone):
         listing = "; ".join(
             f"rank {rank}: checkpoint_policy={theirs['options'][0]}, early_stopping_policy={theirs['options'][1]},"
-            f" per_rank_metrics={theirs['options'][2]}, hang checks={theirs['options'][3]}"
+            f" per_rank_metrics={theirs['options'][2]}, hang checks={theirs['options'][3]},"
+            f" decision_record={theirs['options'][4]}"
             for rank, theirs in enumerate(everyone)
         )
         raise PolicyMismatchError(f"The strategy is configured differently on different ranks: {listing}")
@@ -355,9 +383,13 @@ def _logger_versions(trainer: Any) -> list[int | str | None] | None:
 
 def _log_dir(trainer: Any) -> str:
     """The run's log directory, as ``Trainer.log_dir`` defines it (without its broadcast)."""
-    if trainer.loggers:
-        first = trainer.loggers[0]
-        directory = first.log_dir if isinstance(first, (TensorBoardLogger, CSVLogger)) else first.save_dir
-        if directory is not None:
-            return str(directory)
-    return str(trainer.default_root_dir)
+    return _logger_dir(trainer) or str(trainer.default_root_dir)
+
+
+def _logger_dir(trainer: Any) -> str | None:
+    """The first logger's directory, if the trainer has a logger with one."""
+    if trainer is None or not trainer.loggers:
+        return None
+    first = trainer.loggers[0]
+    directory = first.log_dir if isinstance(first, (TensorBoardLogger, CSVLogger)) else first.save_dir
+    return None if directory is None else str(directory)

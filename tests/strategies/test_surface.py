@@ -47,6 +47,7 @@ MIXIN_OPTIONS = {
     "hang_checks": True,
     "uneven_batches": "error",
     "check_unsized_loaders": False,
+    "decision_record": True,
 }
 PAIRS = [
     (PolicyDDPStrategy, DDPStrategy),
