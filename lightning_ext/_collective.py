@@ -104,8 +104,9 @@ def start_all_to_all(value: int, group: Any, world_size: int) -> tuple[torch.Ten
     tensor around its ring in about ``4 x world_size`` dependent steps (and its barrier in ``log2(world_size)``).
     Element ``r`` of the tensor is rank ``r``'s value, the same tensor on every rank once the work completes.
     """
-    sent = torch.full((world_size,), value, dtype=torch.int64)
-    received = torch.empty(world_size, dtype=torch.int64)
+    # on the CPU, whatever the default device (a run inside trainer.init_module() or `with torch.device(...)`)
+    sent = torch.full((world_size,), value, dtype=torch.int64, device="cpu")
+    received = torch.empty(world_size, dtype=torch.int64, device="cpu")
     work = dist.all_to_all_single(received, sent, group=group, async_op=True)
     return received, work
 
