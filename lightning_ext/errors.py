@@ -7,10 +7,12 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CrossRankError",
+    "DataLoaderSetupError",
     "DecisionRecordError",
     "DecisionRecordWarning",
     "DivergentCollectiveError",
     "DivergentLoggingError",
+    "InitModuleWarning",
     "LocalDecisionError",
     "MixedRunsError",
     "MonitorMissingError",
@@ -59,6 +61,14 @@ class DivergentCollectiveError(CrossRankError):
 
 class RankFailedError(CrossRankError):
     """Another rank raised; its error and traceback are in the message."""
+
+
+class DataLoaderSetupError(CrossRankError):
+    """A dataloader would fail at its first batch (a generator on another device, ``fit`` inside ``init_module``)."""
+
+
+class InitModuleWarning(UserWarning):
+    """A ``trainer.fit`` (``validate``, ...) runs inside ``trainer.init_module()``, which is for the model only."""
 
 
 # ---- the per-rank metrics files --------------------------------------------------------------------------------------

@@ -2,10 +2,13 @@
 
 import inspect
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
 from lightning.pytorch.strategies import ParallelStrategy, Strategy
+from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
 from lightning_ext import _collective
@@ -15,6 +18,7 @@ from lightning_ext._hang.guard import HangChecks, HangGuard, UnevenMode, validat
 from lightning_ext._per_rank import local_values
 from lightning_ext._per_rank.decision_file import DecisionFile
 from lightning_ext._per_rank.logger import RankCSVLogger, loggers_for
+from lightning_ext._setup import checks as setup_checks
 from lightning_ext.errors import PolicyMismatchError, mark_joint
 from lightning_ext.policies import DecisionPolicy, PolicyLike, resolve_policy
 from lightning_ext.rank_metrics import PerRankMetrics
@@ -47,9 +51,8 @@ class PolicyStrategyMixin(_Strategy):
         uneven_batches: ``"error"`` (default) or ``"truncate"``: what to do when the ranks' dataloaders have
             different numbers of batches in an epoch.
         check_unsized_loaders: compare loaders without a length after every batch (one small check per step).
-        decision_record: ``True`` (default): rank 0 records every ``ModelCheckpoint``/``EarlyStopping`` decision, with
-            every rank's value and vote and the reason, in ``<log_dir>/decisions.csv`` whenever the trainer has a
-            logger with a directory (``docs/decision-record.md``); ``False``: no record.
+        decision_record: ``True`` (default): with a logger, rank 0 records every decision, every rank's value and vote
+            and why, in ``<log_dir>/decisions.csv`` (``docs/decision-record.md``); ``False``: no record.
 
     Raises:
         TypeError: at construction, the class is not a ``ParallelStrategy``, or it overrides
@@ -96,8 +99,6 @@ class PolicyStrategyMixin(_Strategy):
         self.rank_metrics_logger: RankCSVLogger | None = None
         self._hang_guard = HangGuard(hang_checks, uneven_batches, check_unsized_loaders, self._flush_rank_files)
         self._decision_record = decision_record
-        self._record_dir: str | None = None  # rank 0's logger directory, agreed at set-up
-        self._run = ""
         self.decision_file: DecisionFile | None = None  # rank 0's record, during a run
 
     @property
@@ -125,11 +126,6 @@ class PolicyStrategyMixin(_Strategy):
         """What happens when the ranks' dataloaders have different numbers of batches: ``"error"`` or ``"truncate"``."""
         return self._hang_guard.uneven_batches
 
-    @property
-    def decision_record(self) -> bool:
-        """Whether rank 0 records every decision in ``<log_dir>/decisions.csv`` (when there is a logger)."""
-        return self._decision_record
-
     @override
     def __setstate__(self, state: dict[str, Any]) -> None:
         # a spawned rank unpickles the strategy before Trainer._run: the seams must be in place before that call
@@ -142,12 +138,17 @@ class PolicyStrategyMixin(_Strategy):
         super().setup_environment()
         namespace = self._agree_at_set_up()
         self._hang_guard.start(self._rank(), self.world_size, namespace, self._trainer())
+        setup_checks.start(setup_checks.SetupChecks(RankGroup.from_strategy(self), self._trainer()))
+
+    @override
+    @contextmanager
+    def tensor_init_context(self, empty_init: bool | None = None) -> Iterator[None]:
+        with setup_checks.inside_init_module(), super().tensor_init_context(empty_init=empty_init):
+            yield
 
     @override
     def setup(self, trainer: Any) -> None:
         super().setup(trainer)
-        if self._record_dir is not None and self._rank() == 0:
-            self.decision_file = DecisionFile(self._record_dir, self._run)
         if self._per_rank_metrics is None or self._run_log_dir is None:
             return
         self.rank_metrics_logger = RankCSVLogger(self._run_log_dir, self._rank(), self._per_rank_metrics)
@@ -167,6 +168,7 @@ class PolicyStrategyMixin(_Strategy):
 
     @override
     def teardown(self) -> None:
+        setup_checks.stop()
         try:
             self._hang_guard.finish(self._trainer())
         finally:
@@ -246,6 +248,7 @@ class PolicyStrategyMixin(_Strategy):
         """
         trainer = self._trainer()
         rank = self._rank()
+        logger_dir = _logger_dir(trainer) if rank == 0 else None
         mine = {
             "options": (
                 self._checkpoint_policy.describe(),
@@ -257,22 +260,28 @@ class PolicyStrategyMixin(_Strategy):
             "invalid": _invalid_policies(self._checkpoint_policy, self._early_stopping_policy, self.world_size),
             "loggers": None if trainer is None else len(_versioned_loggers(trainer)),
             "versions": _logger_versions(trainer) if rank == 0 else None,
-            "log_dir": _log_dir(trainer) if rank == 0 and self._per_rank_metrics else None,
-            "record_dir": _logger_dir(trainer) if rank == 0 and self._decision_record else None,
+            # as Trainer.log_dir defines it (without its broadcast)
+            # as Trainer.log_dir defines them (without its broadcast)
+            "log_dir": (logger_dir or str(trainer.default_root_dir)) if rank == 0 and self._per_rank_metrics else None,
+            "record_dir": logger_dir if self._decision_record else None,
             "namespace": f"lightning_ext/{uuid.uuid4().hex}/" if rank == 0 else None,
+            "init_module": setup_checks.init_module_state(trainer),
         }
         everyone = all_gather_objects(mine, RankGroup.from_strategy(self))
         try:
             _validate_agreement(everyone)
         except Exception as error:  # every rank saw the same data, so every rank raises this
             raise mark_joint(error) from None
+        warning = setup_checks.init_module_warning([theirs["init_module"] for theirs in everyone])
+        if warning is not None:
+            rank_zero_warn(warning)
         if trainer is not None and everyone[0]["versions"] is not None:
             for logger, version in zip(_versioned_loggers(trainer), everyone[0]["versions"], strict=True):
                 logger._version = version
         self._run_log_dir = everyone[0]["log_dir"]
-        self._record_dir = everyone[0]["record_dir"]
         namespace: str = everyone[0]["namespace"]
-        self._run = namespace.split("/")[1][:12]
+        if rank == 0 and everyone[0]["record_dir"] is not None:  # the run's id: its namespace's
+            self.decision_file = DecisionFile(everyone[0]["record_dir"], namespace.split("/")[1][:12])
         return namespace
 
 
@@ -379,11 +388,6 @@ def _logger_versions(trainer: Any) -> list[int | str | None] | None:
     if trainer is None:
         return None
     return [logger.version for logger in _versioned_loggers(trainer)]
-
-
-def _log_dir(trainer: Any) -> str:
-    """The run's log directory, as ``Trainer.log_dir`` defines it (without its broadcast)."""
-    return _logger_dir(trainer) or str(trainer.default_root_dir)
 
 
 def _logger_dir(trainer: Any) -> str | None:
