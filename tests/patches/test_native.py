@@ -222,6 +222,7 @@ def test_native_only_when_every_seam_is_a_series_without_the_hang_seams_is_compl
     assert completed["mode"] == "runtime" and completed["error"] is None
     assert completed["wrapped"] == [
         "Trainer._run",
+        "_DataFetcher.setup",
         "_EvaluationLoop.max_batches",
         "_EvaluationLoop.setup_data",
         "_FitLoop.setup_data",
