@@ -97,6 +97,8 @@ def test_policy_per_rank_and_hang_suites_pass_against_the_patched_copy(patched_s
         "tests/per_rank/test_trainer_runs.py",
         "tests/per_rank/test_resume.py",
         "tests/hang/test_checks.py",  # the hang-check seams (0004), natively
+        "tests/decisions/test_record_runs.py",  # the decision record, made by the same seams
+        "tests/setup/test_trainer_runs.py",  # the set-up checks' seam (0005), natively
     ]
     # not about the seams, and run in the main suite: stock Lightning's hang (the error half is the first test's
     # case), and the test pool's own deadline
@@ -172,6 +174,7 @@ SEAMS = [
     ("lightning.pytorch.loops.evaluation_loop", "_EvaluationLoop", "setup_data"),
     ("lightning.pytorch.loops.evaluation_loop", "_EvaluationLoop", "max_batches"),
     ("lightning.pytorch.loops.fetchers", "_PrefetchDataFetcher", "__next__"),
+    ("lightning.pytorch.loops.fetchers", "_DataFetcher", "setup"),
     ("lightning.pytorch.trainer.trainer", "Trainer", "_run"),
 ]
 
