@@ -17,6 +17,10 @@ _EXPORTS = {
     "AllRanks": "lightning_ext.policies",
     "AnyRank": "lightning_ext.policies",
     "CrossRankError": "lightning_ext.errors",
+    "DataLoaderSetupError": "lightning_ext.errors",
+    "DecisionRecordError": "lightning_ext.errors",
+    "DecisionRecordWarning": "lightning_ext.errors",
+    "InitModuleWarning": "lightning_ext.errors",
     "DecisionPolicy": "lightning_ext.policies",
     "LocalDecisionError": "lightning_ext.errors",
     "Majority": "lightning_ext.policies",
@@ -36,6 +40,7 @@ _EXPORTS = {
     "VoteTally": "lightning_ext.policies",
     "available_policies": "lightning_ext.policies",
     "incomplete_ranks": "lightning_ext.rank_metrics",
+    "read_decisions": "lightning_ext.decision_record",
     "read_rank_metrics": "lightning_ext.rank_metrics",
 }
 
@@ -44,7 +49,11 @@ __all__ = [
     "AllRanks",
     "AnyRank",
     "CrossRankError",
+    "DataLoaderSetupError",
     "DecisionPolicy",
+    "DecisionRecordError",
+    "DecisionRecordWarning",
+    "InitModuleWarning",
     "LocalDecisionError",
     "Majority",
     "MonitorMissingError",
@@ -63,6 +72,7 @@ __all__ = [
     "VoteTally",
     "available_policies",
     "incomplete_ranks",
+    "read_decisions",
     "read_rank_metrics",
 ]
 
@@ -71,8 +81,13 @@ if importlib.util.find_spec("deepspeed") is None:
     __all__ = [name for name in __all__ if name != "PolicyDeepSpeedStrategy"]
 
 if TYPE_CHECKING:
+    from lightning_ext.decision_record import read_decisions
     from lightning_ext.errors import (
         CrossRankError,
+        DataLoaderSetupError,
+        DecisionRecordError,
+        DecisionRecordWarning,
+        InitModuleWarning,
         LocalDecisionError,
         MonitorMissingError,
         PolicyMismatchError,

@@ -1,8 +1,11 @@
 """The ``lightning-ext`` command line (also ``python -m lightning_ext``); it imports neither Lightning nor torch."""
 
 import argparse
+import csv
 import importlib
+import io
 import json
+import math
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -12,6 +15,7 @@ from typing import Any
 
 import pandas as pd
 
+from lightning_ext._per_rank.decision_format import COLUMNS
 from lightning_ext._per_rank.csv_format import RSS_BYTES, STEP_S, TELEMETRY_COLUMNS
 from lightning_ext._per_rank.reader import ReadReport, Request, read_table
 from lightning_ext._per_rank.run_check import rank_ranges
@@ -25,6 +29,7 @@ from lightning_ext._per_rank.straggler_format import (
     stragglers_text,
 )
 from lightning_ext._per_rank.stragglers import phase_medians
+from lightning_ext.decision_record import read_record
 from lightning_ext.rank_metrics import DEFAULT_FILENAME, read_rank_hosts
 from lightning_ext.rank_spread import (
     find_stragglers,
@@ -101,6 +106,27 @@ def _parser() -> argparse.ArgumentParser:
         " forward or optimizer time, by how much, and each host's memory",
     )
     ranks.set_defaults(run=_run_ranks)
+    decisions = commands.add_parser(
+        "decisions",
+        help="why each checkpoint was (not) saved, and why training stopped",
+        description="The story of a run from its decision record (decisions.csv, written by rank 0): one line per"
+        " ModelCheckpoint or EarlyStopping decision, with the reason.",
+    )
+    decisions.add_argument(
+        "log_dir",
+        metavar="LOG_DIR",
+        help="the run's log directory, which holds decisions.csv (a path or an fsspec URL)",
+    )
+    decisions.add_argument("--callback", metavar="NAME", help="only this callback class, e.g. EarlyStopping")
+    decisions.add_argument(
+        "--only-changes", action="store_true", help="only decisions that changed something: a save, a stop, a new best"
+    )
+    decisions.add_argument("--format", choices=("text", "json", "csv"), default="text", help="output (default: text)")
+    decisions.add_argument("--run", dest="run_id", metavar="ID", help="only this run's decisions (the run column)")
+    decisions.add_argument(
+        "--allow-mixed", action="store_true", help="read a record of several runs instead of refusing"
+    )
+    decisions.set_defaults(run=_run_decisions)
     return parser
 
 
@@ -316,3 +342,66 @@ def _document(
         "incomplete": [{"rank": rank, "detail": why} for rank, why in sorted(report.incomplete.items())],
         **{note.key: [{"rank": rank, "detail": detail} for rank, detail in note.entries] for note in _notes(report)},
     }
+
+
+def _run_decisions(args: argparse.Namespace) -> int:
+    try:
+        record = read_record(args.log_dir, run=args.run_id, allow_mixed=args.allow_mixed)
+        for note in record.notes:
+            print(f"{_PROG} decisions: warning: {note}", file=sys.stderr)
+        chosen = [index for index, row in enumerate(record.rows) if _selected(row, args)]
+        rows = [record.rows[index] for index in chosen]
+        if args.format == "json":
+            print(json.dumps([_json_row(row) for row in rows], indent=1, ensure_ascii=False, allow_nan=False))
+        elif args.format == "csv":
+            out = io.StringIO()
+            writer = csv.DictWriter(out, fieldnames=COLUMNS, lineterminator="\n")
+            writer.writeheader()
+            writer.writerows(record.cells[index] for index in chosen)  # as the file has them
+            print(out.getvalue(), end="")
+        else:
+            _print_story(args.log_dir, record, rows)
+    except BrokenPipeError:  # `| head` closed the pipe
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except (OSError, ValueError) as error:  # FileNotFoundError, DecisionRecordError, an unknown run
+        print(f"{_PROG} decisions: error: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _selected(row: dict[str, Any], args: argparse.Namespace) -> bool:
+    if args.callback is not None and row["callback"].lower() != args.callback.lower():
+        return False
+    return not args.only_changes or _changed(row)
+
+
+def _changed(row: dict[str, Any]) -> bool:
+    """A save, a stop, an eviction, or a new best score (NaN and NaN are the same score)."""
+    before, after = row["best_before"], row["best_after"]
+    same_best = before == after or (math.isnan(before) and math.isnan(after))
+    return row["outcome"] in ("saved", "stop") or bool(row["removed"]) or not same_best
+
+
+def _print_story(log_dir: str, record: Any, rows: list[dict[str, Any]]) -> None:
+    worlds = "/".join(str(world) for world in sorted({row["world_size"] for row in record.rows})) or "0"
+    runs = ", ".join(record.runs) or "none"
+    print(f"{log_dir}: {len(rows)} decision(s) of {len(record.rows)}, {worlds} rank(s), run {runs}")
+    who = [f"{row['callback']}({row['monitor']})" for row in rows]
+    width = max(map(len, who), default=0)
+    steps = max((len(str(row["step"])) for row in rows), default=1)
+    for row, name in zip(rows, who, strict=True):
+        print(f"epoch {row['epoch']:>3}  step {row['step']:>{steps}}  {name:<{width}}  {row['reason']}")
+
+
+def _json_row(row: dict[str, Any]) -> dict[str, Any]:
+    """Strict JSON: NaN is null, infinities are the strings "inf" and "-inf"."""
+    return {name: _json_value(row[name]) for name in COLUMNS}
+
+
+def _json_value(value: Any) -> Any:
+    if isinstance(value, tuple):
+        return [_json_value(item) for item in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    return None if value == "" else value

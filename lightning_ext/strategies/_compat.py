@@ -7,7 +7,7 @@ import lightning
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 from lightning.pytorch.loops.evaluation_loop import _EvaluationLoop
-from lightning.pytorch.loops.fetchers import _PrefetchDataFetcher
+from lightning.pytorch.loops.fetchers import _DataFetcher, _PrefetchDataFetcher
 from lightning.pytorch.loops.fit_loop import _FitLoop
 from lightning.pytorch.trainer.connectors.logger_connector.logger_connector import _LoggerConnector
 from lightning.pytorch.trainer.connectors.logger_connector.result import _ResultCollection, _ResultMetric
@@ -62,6 +62,7 @@ SIGNATURES: dict[tuple[type, str], tuple[tuple[str, ...], ...]] = {
     (_EvaluationLoop, "max_batches"): (("self",),),  # a property: its getter
     (_PrefetchDataFetcher, "__next__"): (("self",),),
     (Trainer, "_run"): (("self", "model", "ckpt_path"), ("self", "model", "ckpt_path", "weights_only")),  # 2.5, 2.6
+    (_DataFetcher, "setup"): (("self", "combined_loader"),),
     # called (lightning_ext._decisions.checkpoint, lightning_ext._per_rank.local_values), on a patched Lightning too
     (ModelCheckpoint, "_monitor_candidates"): (("self", "trainer"),),
     (ModelCheckpoint, "check_monitor_top_k"): (("self", "trainer", "current"),),

@@ -30,6 +30,7 @@ def register_when_lightning_loads() -> None:
 
 
 _STOCK_RULES = ("all", "any")  # what "<family>_policy" stands for: the class defaults, stock Lightning's rules
+_QUORUM_NAMES = ("quorum_50", "quorum_75", "quorum_90")  # fractions of the ranks, so a name works at any world size
 
 
 def policy_names(family: str) -> dict[str, tuple[str, str]]:
@@ -37,14 +38,14 @@ def policy_names(family: str) -> dict[str, tuple[str, str]]:
 
     Example:
         >>> names = policy_names("fsdp")
-        >>> names["fsdp_policy"], names["fsdp_majority"]
-        (('all', 'any'), ('majority', 'majority'))
+        >>> names["fsdp_policy"], names["fsdp_majority"], names["fsdp_quorum_75"]
+        (('all', 'any'), ('majority', 'majority'), ('quorum_75', 'quorum_75'))
         >>> len(names)
-        8
+        11
 
     """
     names = {f"{family}_policy": _STOCK_RULES}
-    names.update({f"{family}_{name}": (name, name) for name in available_policies()})
+    names.update({f"{family}_{name}": (name, name) for name in [*available_policies(), *_QUORUM_NAMES]})
     return names
 
 

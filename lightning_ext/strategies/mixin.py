@@ -2,10 +2,13 @@
 
 import inspect
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
 from lightning.pytorch.strategies import ParallelStrategy, Strategy
+from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
 from lightning_ext import _collective
@@ -13,6 +16,7 @@ from lightning_ext._collective import RankGroup, all_gather_objects
 from lightning_ext._decisions import checkpoint, early_stopping
 from lightning_ext._hang.guard import HangChecks, HangGuard, UnevenMode, validate_options
 from lightning_ext._per_rank import local_values
+from lightning_ext._per_rank.decision_file import DecisionFile
 from lightning_ext._per_rank.logger import RankCSVLogger, loggers_for
 from lightning_ext._per_rank.telemetry import (
     BACKWARD,
@@ -24,6 +28,7 @@ from lightning_ext._per_rank.telemetry import (
     timed,
     timing,
 )
+from lightning_ext._setup import checks as setup_checks
 from lightning_ext.errors import PolicyMismatchError, mark_joint
 from lightning_ext.policies import DecisionPolicy, PolicyLike, resolve_policy
 from lightning_ext.rank_metrics import PerRankMetrics
@@ -56,6 +61,8 @@ class PolicyStrategyMixin(_Strategy):
         uneven_batches: ``"error"`` (default) or ``"truncate"``: what to do when the ranks' dataloaders have
             different numbers of batches in an epoch.
         check_unsized_loaders: compare loaders without a length after every batch (one small check per step).
+        decision_record: ``True`` (default): with a logger, rank 0 records every decision, every rank's value and vote
+            and why, in ``<log_dir>/decisions.csv`` (``docs/decision-record.md``); ``False``: no record.
 
     Raises:
         TypeError: at construction, the class is not a ``ParallelStrategy``, or it overrides
@@ -78,9 +85,12 @@ class PolicyStrategyMixin(_Strategy):
         hang_checks: HangChecks = True,
         uneven_batches: UnevenMode = "error",
         check_unsized_loaders: bool = False,
+        decision_record: bool = True,
         **kwargs: Any,
     ) -> None:
         _check_base(type(self))
+        if not isinstance(decision_record, bool):
+            raise TypeError(f"decision_record must be True or False, got {decision_record!r}")
         validate_options(hang_checks, uneven_batches, check_unsized_loaders)
         _runtime.install()
         if not _runtime.seams_available():
@@ -100,6 +110,8 @@ class PolicyStrategyMixin(_Strategy):
         self._telemetry: Telemetry | None = None
         self._step_timer: StepTimer | None = None  # times the phases below while telemetry is on
         self._hang_guard = HangGuard(hang_checks, uneven_batches, check_unsized_loaders, self._flush_rank_files)
+        self._decision_record = decision_record
+        self.decision_file: DecisionFile | None = None  # rank 0's record, during a run
 
     @property
     def checkpoint_policy(self) -> DecisionPolicy:
@@ -138,6 +150,13 @@ class PolicyStrategyMixin(_Strategy):
         super().setup_environment()
         namespace = self._agree_at_set_up()
         self._hang_guard.start(self._rank(), self.world_size, namespace, self._trainer())
+        setup_checks.start(setup_checks.SetupChecks(RankGroup.from_strategy(self), self._trainer()))
+
+    @override
+    @contextmanager
+    def tensor_init_context(self, empty_init: bool | None = None) -> Iterator[None]:
+        with setup_checks.inside_init_module(), super().tensor_init_context(empty_init=empty_init):
+            yield
 
     @override
     def setup(self, trainer: Any) -> None:
@@ -155,6 +174,8 @@ class PolicyStrategyMixin(_Strategy):
         super().on_train_start()
         self._hang_guard.watch_signals()  # Lightning installed its signal handlers just before the loops started
         trainer = self._trainer()
+        if self.decision_file is not None and trainer is not None and trainer.ckpt_path is not None:
+            self.decision_file.resume_from_step = trainer.global_step  # later decisions are made again
         if self.rank_metrics_logger is not None and trainer is not None and trainer.ckpt_path is not None:
             # resumed: rows after the checkpoint's step will be logged again, so the writer drops them from the file
             self.rank_metrics_logger.resume_from_step = trainer.fit_loop.epoch_loop._batches_that_stepped
@@ -178,10 +199,14 @@ class PolicyStrategyMixin(_Strategy):
     @override
     def teardown(self) -> None:
         self._hang_guard.unwatch_backward_passes(self)
+        setup_checks.stop()
         try:
             self._hang_guard.finish(self._trainer())
         finally:
             self._hang_guard.stop()
+        decision_file, self.decision_file = self.decision_file, None
+        if decision_file is not None:
+            decision_file.close()
         rank_logger, self.rank_metrics_logger = self.rank_metrics_logger, None
         telemetry, self._telemetry, self._step_timer = self._telemetry, None, None
         if telemetry is not None:
@@ -274,29 +299,40 @@ class PolicyStrategyMixin(_Strategy):
         """
         trainer = self._trainer()
         rank = self._rank()
+        logger_dir = _logger_dir(trainer) if rank == 0 else None
         mine = {
             "options": (
                 self._checkpoint_policy.describe(),
                 self._early_stopping_policy.describe(),
                 repr(self._per_rank_metrics),
                 repr((self._hang_guard.mode, self._hang_guard.uneven_batches, self._hang_guard.check_unsized_loaders)),
+                repr(self._decision_record),
             ),
             "invalid": _invalid_policies(self._checkpoint_policy, self._early_stopping_policy, self.world_size),
             "loggers": None if trainer is None else len(_versioned_loggers(trainer)),
             "versions": _logger_versions(trainer) if rank == 0 else None,
-            "log_dir": _log_dir(trainer) if rank == 0 and self._per_rank_metrics else None,
+            # as Trainer.log_dir defines it (without its broadcast)
+            # as Trainer.log_dir defines them (without its broadcast)
+            "log_dir": (logger_dir or str(trainer.default_root_dir)) if rank == 0 and self._per_rank_metrics else None,
+            "record_dir": logger_dir if self._decision_record else None,
             "namespace": f"lightning_ext/{uuid.uuid4().hex}/" if rank == 0 else None,
+            "init_module": setup_checks.init_module_state(trainer),
         }
         everyone = all_gather_objects(mine, RankGroup.from_strategy(self))
         try:
             _validate_agreement(everyone)
         except Exception as error:  # every rank saw the same data, so every rank raises this
             raise mark_joint(error) from None
+        warning = setup_checks.init_module_warning([theirs["init_module"] for theirs in everyone])
+        if warning is not None:
+            rank_zero_warn(warning)
         if trainer is not None and everyone[0]["versions"] is not None:
             for logger, version in zip(_versioned_loggers(trainer), everyone[0]["versions"], strict=True):
                 logger._version = version
         self._run_log_dir = everyone[0]["log_dir"]
         namespace: str = everyone[0]["namespace"]
+        if rank == 0 and everyone[0]["record_dir"] is not None:  # the run's id: its namespace's
+            self.decision_file = DecisionFile(everyone[0]["record_dir"], namespace.split("/")[1][:12])
         return namespace
 
 
@@ -309,7 +345,8 @@ def _validate_agreement(everyone: list[dict[str, Any]]) -> None:
     if any(theirs["options"] != everyone[0]["options"] for theirs in everyone):
         listing = "; ".join(
             f"rank {rank}: checkpoint_policy={theirs['options'][0]}, early_stopping_policy={theirs['options'][1]},"
-            f" per_rank_metrics={theirs['options'][2]}, hang checks={theirs['options'][3]}"
+            f" per_rank_metrics={theirs['options'][2]}, hang checks={theirs['options'][3]},"
+            f" decision_record={theirs['options'][4]}"
             for rank, theirs in enumerate(everyone)
         )
         raise PolicyMismatchError(f"The strategy is configured differently on different ranks: {listing}")
@@ -404,11 +441,10 @@ def _logger_versions(trainer: Any) -> list[int | str | None] | None:
     return [logger.version for logger in _versioned_loggers(trainer)]
 
 
-def _log_dir(trainer: Any) -> str:
-    """The run's log directory, as ``Trainer.log_dir`` defines it (without its broadcast)."""
-    if trainer.loggers:
-        first = trainer.loggers[0]
-        directory = first.log_dir if isinstance(first, (TensorBoardLogger, CSVLogger)) else first.save_dir
-        if directory is not None:
-            return str(directory)
-    return str(trainer.default_root_dir)
+def _logger_dir(trainer: Any) -> str | None:
+    """The first logger's directory, if the trainer has a logger with one."""
+    if trainer is None or not trainer.loggers:
+        return None
+    first = trainer.loggers[0]
+    directory = first.log_dir if isinstance(first, (TensorBoardLogger, CSVLogger)) else first.save_dir
+    return None if directory is None else str(directory)

@@ -88,6 +88,19 @@ def test_smoke_reports_the_cost_of_one_per_rank_row(smoke: tuple[Path, subproces
 
 @pytest.mark.slow
 @pytest.mark.timeout(200)
+def test_smoke_reports_the_cost_of_one_decision_record_row(
+    smoke: tuple[Path, subprocess.CompletedProcess[str]],
+) -> None:
+    document = _document(smoke[0])
+    sessions = {cost["session"]: cost for cost in document["record_cost"]}
+    assert "gloo/cpu W=2" in sessions
+    for cost in sessions.values():
+        assert cost["rows"] > 0 and 0 < cost["cpu_us"]["low"] <= cost["cpu_us"]["median"] <= cost["cpu_us"]["high"]
+    assert "## Decision record row cost" in (smoke[0] / "smoke.md").read_text(encoding="utf-8")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
 def test_smoke_times_the_barrier_and_the_check_that_replaces_it(
     smoke: tuple[Path, subprocess.CompletedProcess[str]],
 ) -> None:
@@ -134,9 +147,12 @@ def test_smoke_collectives_are_counted(smoke: tuple[Path, subprocess.CompletedPr
     for row in rows:
         path, _, name = row["subject"].partition("/")
         if path in ("checkpoint", "early_stopping") and name != "stock":
-            assert row["collectives"] == 1 and row["collectives_by_name"] == {"all_reduce": 1}, row
+            assert row["collectives"] == 1 and row["collectives_by_name"] == {"all_to_all_single": 1}, row
+            # every rank's row of 4 int64, received from every rank (the row carries no file-name metric here)
+            assert row["received_bytes"] == row["world_size"] * 4 * 8, row
         elif path in ("checkpoint", "early_stopping"):  # stock: _sync_ddp's barrier, then its all_reduce
             assert row["collectives_by_name"] == {"all_reduce": 1, "barrier": 1}, row
+            assert row["received_bytes"] == 8, row  # the all-reduced flag (the barrier passes no tensor)
     steps = {row["subject"]: row for row in rows if row["subject"] in TRAINING_SUBJECTS}
     assert steps["training_step/stock"]["collectives"] > 0  # the counter sees the synced metric
     stock = steps["training_step/stock"]

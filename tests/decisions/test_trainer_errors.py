@@ -31,7 +31,7 @@ def assert_group_in_step(pool: RankPool) -> None:
     """A real exchange through the pool's process group gives every rank the right tally: the group still works and
     its ranks are in step (a rank still inside an earlier collective would hang this one, by its deadline)."""
     world = pool.world_size
-    per_rank = [("vote", True, 0, Observation(float(rank), vote=rank % 2 == 0)) for rank in range(world)]
+    per_rank = [("vote", 0, Observation(float(rank), vote=rank % 2 == 0)) for rank in range(world)]
     results = pool.run("tests.helpers.decision_tasks:exchange", *per_rank, timeout=30)
     for rank, (_, agreement) in enumerate(results):
         assert (agreement.presence, agreement.yes, agreement.value) == ("all", (world + 1) // 2, 0.0), f"rank {rank}"
@@ -57,13 +57,62 @@ def test_metric_logged_on_rank_zero_only_is_one_error_on_every_rank(
             **options,
         )
     elapsed = time.monotonic() - started
+    option = "checkpoint_policy" if callback == "checkpoint" else "early_stopping_policy"
     same_error_everywhere(
-        raised.value, 3, "MonitorMissingError", "'val_loss'", "missing on rank(s) [1, 2]", "logged on rank(s) [0]"
+        raised.value,
+        3,
+        "MonitorMissingError",
+        "'val_loss'",
+        "missing on rank(s) [1, 2]",
+        "logged on rank(s) [0]",
+        f"Under {option}='{policy}' every rank decides with its own value",
+        f"use {option}='rank_zero': rank 0's value then decides for every rank",
     )
     assert elapsed < 20, f"took {elapsed:.1f}s"
     # the same process group carries on: every rank left the failed decision at the same point
     assert_group_in_step(pool)
     assert pool.starts == starts
+
+
+def test_a_metric_logged_on_rank_zero_only_decides_under_rank_zero(rank_pools: Any, tmp_path: Any) -> None:
+    """``self.log(..., rank_zero_only=True)`` under ``if self.trainer.is_global_zero:``: rank 0's own values decide,
+    every rank ends with the same paths. Rank 0 sees 4, 3, 3.5: saves at epochs 0 and 1; EarlyStopping(patience=1)
+    stops at epoch 2 (3.5 does not improve on 3)."""
+    pool = rank_pools(3)
+    strategy = {"checkpoint_policy": "rank_zero", "early_stopping_policy": "rank_zero"}
+    results = pool.run(
+        "tests.helpers.decision_scenarios:fit",
+        (str(tmp_path), strategy, TABLE_3),
+        log_on="rank_zero",
+        checkpoint=CKPT,
+        early_stopping=STOPPING,
+        timeout=90,
+    )
+    for result in results:
+        assert result["saves"] == ["epoch=0-val_loss=4.00.ckpt", "epoch=1-val_loss=3.00.ckpt"], result
+        assert (result["best_model_path"], result["best_model_score"]) == ("epoch=1-val_loss=3.00.ckpt", 3.0)
+        assert (result["should_stop"], result["stopped_epoch"]) == (True, 2), result
+    assert results[0]["files"] == ["epoch=1-val_loss=3.00.ckpt"]
+
+
+def test_a_step_metric_logged_on_rank_zero_only_saves_on_every_rank_under_rank_zero(
+    rank_pools: Any, tmp_path: Any
+) -> None:
+    """A step-based save of a metric only rank 0 logs: ModelCheckpoint's own check for the metric, made on each rank
+    alone, would defer the save on rank 1 while rank 0 saves (a hang in the save's barrier); every rank saves alike.
+    Rank 0's train_metric per step: 4, 3, 3.5, 2, 2.5 (save_top_k=1)."""
+    results = rank_pools(2).run(
+        "tests.helpers.decision_scenarios:fit",
+        (str(tmp_path), {"checkpoint_policy": "rank_zero"}, []),
+        log_on="rank_zero",
+        checkpoint=STEP_CKPT,
+        train_table=STEP_TABLE,
+        max_epochs=5,
+        timeout=90,
+    )
+    expected = ["step=1-train_metric=4.00.ckpt", "step=2-train_metric=3.00.ckpt", "step=4-train_metric=2.00.ckpt"]
+    assert [result["saves"] for result in results] == [expected, expected]
+    assert results[0]["files"] == ["step=4-train_metric=2.00.ckpt"]
 
 
 def test_stock_ddp_hangs_where_the_policy_strategy_raises(rank_pools: Any, tmp_path: Any) -> None:

@@ -99,6 +99,8 @@ def test_policy_per_rank_and_hang_suites_pass_against_the_patched_copy(patched_s
         # telemetry patches no class: its loop hooks are instance attributes, the same on a patched Lightning
         "tests/per_rank/test_telemetry.py::test_the_verdict_names_each_slowed_rank_and_its_phase",
         "tests/hang/test_checks.py",  # the hang-check seams (0004), natively
+        "tests/decisions/test_record_runs.py",  # the decision record, made by the same seams
+        "tests/setup/test_trainer_runs.py",  # the set-up checks' seam (0005), natively
     ]
     # not about the seams, and run in the main suite: stock Lightning's hang (the error half is the first test's
     # case), and the test pool's own deadline
@@ -174,6 +176,7 @@ SEAMS = [
     ("lightning.pytorch.loops.evaluation_loop", "_EvaluationLoop", "setup_data"),
     ("lightning.pytorch.loops.evaluation_loop", "_EvaluationLoop", "max_batches"),
     ("lightning.pytorch.loops.fetchers", "_PrefetchDataFetcher", "__next__"),
+    ("lightning.pytorch.loops.fetchers", "_DataFetcher", "setup"),
     ("lightning.pytorch.trainer.trainer", "Trainer", "_run"),
 ]
 
@@ -224,6 +227,7 @@ def test_native_only_when_every_seam_is_a_series_without_the_hang_seams_is_compl
     assert completed["mode"] == "runtime" and completed["error"] is None
     assert completed["wrapped"] == [
         "Trainer._run",
+        "_DataFetcher.setup",
         "_EvaluationLoop.max_batches",
         "_EvaluationLoop.setup_data",
         "_FitLoop.setup_data",

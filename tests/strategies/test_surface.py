@@ -47,6 +47,7 @@ MIXIN_OPTIONS = {
     "hang_checks": True,
     "uneven_batches": "error",
     "check_unsized_loaders": False,
+    "decision_record": True,
 }
 PAIRS = [
     (PolicyDDPStrategy, DDPStrategy),
@@ -113,7 +114,7 @@ def test_model_parallel_takes_no_argument_that_model_parallel_does_not() -> None
 @pytest.mark.parametrize("lightning_name", sorted(FAMILIES))
 def test_ddp_launcher_names_use_lightnings_start_method(lightning_name: str) -> None:
     start_method = StrategyRegistry[lightning_name]["init_params"]["start_method"]  # Lightning's own entry
-    for policy in [*available_policies(), "policy"]:
+    for policy in [*available_policies(), "policy", "quorum_50", "quorum_75", "quorum_90"]:
         strategy = StrategyRegistry.get(f"{FAMILIES[lightning_name]}_{policy}")
         assert type(strategy) is PolicyDDPStrategy
         assert strategy._start_method == start_method
@@ -190,7 +191,7 @@ CLI_STRATEGIES = {
           early_stopping_policy:
             class_path: lightning_ext.Quorum
             init_args:
-              k: 2
+              k: 0.75
           per_rank_metrics: true
     """,
     "model_parallel": """
@@ -233,7 +234,7 @@ def test_lightning_cli_yaml_config(tmp_path: Path, kind: str) -> None:
         assert built.checkpoint_policy == built.early_stopping_policy == Majority()
         return
     assert built.checkpoint_policy == resolve_policy({"fsdp": "majority", "model_parallel": "mean"}[kind])
-    assert built.early_stopping_policy == Quorum(2)
+    assert built.early_stopping_policy == {"fsdp": Quorum(0.75), "model_parallel": Quorum(2)}[kind]
     assert built.per_rank_metrics is not None
 
 
