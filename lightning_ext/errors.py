@@ -9,6 +9,7 @@ __all__ = [
     "CrossRankError",
     "DivergentCollectiveError",
     "DivergentLoggingError",
+    "LightningPackageMismatchError",
     "LocalDecisionError",
     "MixedRunsError",
     "MonitorMissingError",
@@ -57,6 +58,11 @@ class DivergentCollectiveError(CrossRankError):
 
 class RankFailedError(CrossRankError):
     """Another rank raised; its error and traceback are in the message."""
+
+
+# ---- the two Lightning packages -------------------------------------------------------------------------------------
+class LightningPackageMismatchError(TypeError):
+    """Objects of ``lightning`` and of ``pytorch_lightning`` in one run; the message names both and the fix."""
 
 
 # ---- the per-rank metrics files --------------------------------------------------------------------------------------
