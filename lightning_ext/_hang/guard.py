@@ -122,7 +122,7 @@ def _called_as(frame: Any) -> str:
         if not is_library(path):
             via = f"via {api} " if api else ""
             return f"{via}called from {frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}"
-        if "/lightning/" in path:
+        if any(package in path for package in ("/lightning/", "/pytorch_lightning/", "/lightning_fabric/")):
             api = getattr(frame.f_code, "co_qualname", frame.f_code.co_name)  # co_qualname: Python 3.11+
         frame = frame.f_back
     return f"via {api}" if api else ""
