@@ -9,6 +9,7 @@ from typing import Any
 import lightning_ext
 
 __all__ = list(lightning_ext.__all__)
+__version__ = lightning_ext.__version__
 
 
 def __getattr__(name: str) -> Any:

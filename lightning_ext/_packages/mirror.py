@@ -158,10 +158,10 @@ class _Rename(ast.NodeTransformer):
     def visit_Import(self, node: ast.Import) -> ast.Import:
         for alias in node.names:
             new = self._renamed(alias.name, node)
-            if new != alias.name and alias.asname is None and alias.name != "lightning":
+            if new != alias.name and alias.asname is None and "." in alias.name:
                 # `import a.b` binds `a`, which would still be the original package
                 raise ImportError(f"{self.path}:{node.lineno}: `import {alias.name}` cannot be renamed; add `as ...`")
-            if new != alias.name:
+            if new != alias.name:  # `import lightning` is `import pytorch_lightning as lightning`
                 alias.asname, alias.name = alias.asname or alias.name, new
         return node
 

@@ -13,6 +13,7 @@ from lightning_ext._packages.mirror import LIGHTNING_EXT
 LIGHTNING_EXT.install()
 
 __all__ = list(lightning_ext.__all__)
+__version__ = lightning_ext.__version__
 
 
 def __getattr__(name: str) -> Any:
