@@ -93,10 +93,11 @@ def check_trainer_strategies() -> None:
 
     Stock Lightning refuses it as "an invalid strategy name"; the wrapper raises
     :class:`~lightning_ext.errors.LightningPackageMismatchError` with the fix, and leaves everything else to the stock
-    method. Not a seam of the patch series: installed when the package is imported, unless runtime patching is off.
+    method. Not a seam of the patch series: installed when the package is imported, unless runtime patching is off or
+    the package is patched (then nothing is wrapped, and Lightning's own error stands).
     """
     seam = (_AcceleratorConnector, "_check_config_and_set_final_flags", _trainer_check_seam)
-    if not runtime_patching_enabled() or _is_wrapped(seam):
+    if not runtime_patching_enabled() or patch_mode() == "native" or _is_wrapped(seam):
         return
     _compat.check_signatures([seam[:2]])
     wrapper = _trainer_check_seam(_AcceleratorConnector._check_config_and_set_final_flags)
