@@ -146,7 +146,7 @@ def strategy_for_other_package(strategy: type, theirs: Package, mine: Package, w
     if not ours:
         fix = f"build {strategy.__name__} on {mine}'s strategy and {mine}'s mixin, {fix}"
     return LightningPackageMismatchError(
-        f"{strategy.__qualname__} is lightning-ext's strategy for {theirs}, but {where} is {mine}'s: the two packages"
+        f"{strategy.__name__} is lightning-ext's strategy for {theirs}, but {where} is {mine}'s: the two packages"
         f" are separate class hierarchies. Use one package throughout: {fix}. (lightning_ext.{name} is the class for"
         " the package that the importing module imports; see docs/pytorch-lightning.md.)"
     )

@@ -62,7 +62,7 @@ class PolicyStrategyMixin(_Strategy):
         super().__init_subclass__(**kwargs)
         base = package_of(cls)
         if base is not None and base != cls._lightning_package:  # the mixin of one package on the other's strategy
-            raise strategy_for_other_package(cls, cls._lightning_package, base, f"{cls.__qualname__}'s base strategy")
+            raise strategy_for_other_package(cls, cls._lightning_package, base, f"{cls.__name__}'s base strategy")
         _check_order(cls)  # here, because with the mixin after the strategy, its __init__ would not run to check it
 
     def __init__(
