@@ -34,17 +34,17 @@ def fit_with_lightning_object(root: str, what: str) -> str:
         options["callbacks"] = [L.callbacks.ModelCheckpoint(monitor="loss", dirpath=root)]
     elif what == "logger":
         options["logger"] = L.loggers.CSVLogger(root)
-    trainer = pl.Trainer(
-        accelerator="cpu",
-        devices=2,
-        max_epochs=1,
-        strategy=PolicyDDPStrategy(),
-        default_root_dir=str(Path(root)),
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        **options,
-    )
     try:
+        trainer = pl.Trainer(
+            accelerator="cpu",
+            devices=2,
+            max_epochs=1,
+            strategy=PolicyDDPStrategy(),
+            default_root_dir=str(Path(root)),
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            **options,
+        )
         trainer.fit(Model(), DataLoader(TensorDataset(torch.randn(4, 2)), batch_size=2))
     except Exception as error:
         return f"{type(error).__name__}: {error}"
