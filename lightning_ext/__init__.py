@@ -1,13 +1,16 @@
 """lightning-ext: cross-rank decision policies, per-rank metrics and hang checks for PyTorch Lightning.
 
 Importing the package is cheap: each name loads its module on first use, and the strategy names
-(``Trainer(strategy="ddp_majority")``) are registered as soon as Lightning itself is imported.
+(``Trainer(strategy="ddp_majority")``) are registered as soon as Lightning itself is imported. The strategies are
+``lightning``'s or ``pytorch_lightning``'s, for the package the importing module uses (docs/pytorch-lightning.md).
 """
 
 import importlib
 import importlib.util
+import sys
 from typing import TYPE_CHECKING, Any
 
+from lightning_ext._packages.choice import BOUND_NAMES, Package, module_for, package_for_caller
 from lightning_ext.strategies._registry import register_when_lightning_loads
 
 __version__ = "0.1.0.dev0"
@@ -22,6 +25,7 @@ _EXPORTS = {
     "DecisionRecordWarning": "lightning_ext.errors",
     "InitModuleWarning": "lightning_ext.errors",
     "DecisionPolicy": "lightning_ext.policies",
+    "LightningPackageMismatchError": "lightning_ext.errors",
     "LocalDecisionError": "lightning_ext.errors",
     "Majority": "lightning_ext.policies",
     "MonitorMissingError": "lightning_ext.errors",
@@ -54,6 +58,7 @@ __all__ = [
     "DecisionRecordError",
     "DecisionRecordWarning",
     "InitModuleWarning",
+    "LightningPackageMismatchError",
     "LocalDecisionError",
     "Majority",
     "MonitorMissingError",
@@ -88,6 +93,7 @@ if TYPE_CHECKING:
         DecisionRecordError,
         DecisionRecordWarning,
         InitModuleWarning,
+        LightningPackageMismatchError,
         LocalDecisionError,
         MonitorMissingError,
         PolicyMismatchError,
@@ -121,12 +127,19 @@ if TYPE_CHECKING:
 
 
 def __getattr__(name: str) -> Any:
+    if name in BOUND_NAMES:  # one class per Lightning package: the one the importing module uses, at every lookup
+        return _public(name, package_for_caller(sys._getframe(1)))
+    value = _public(name, "lightning")  # one object for both packages
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def _public(name: str, package: Package) -> Any:
+    """The public ``name`` for ``package`` (``lightning_ext.lightning`` and ``lightning_ext.pytorch_lightning``)."""
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'lightning_ext' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # later lookups skip this function
-    return value
+    return getattr(importlib.import_module(module_for(module, package) if name in BOUND_NAMES else module), name)
 
 
 def __dir__() -> list[str]:

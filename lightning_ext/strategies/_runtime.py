@@ -13,15 +13,17 @@ from lightning.pytorch.loops.evaluation_loop import _EvaluationLoop
 from lightning.pytorch.loops.fetchers import _DataFetcher, _PrefetchDataFetcher
 from lightning.pytorch.loops.fit_loop import _FitLoop
 from lightning.pytorch.strategies import ParallelStrategy
+from lightning.pytorch.trainer.connectors.accelerator_connector import _AcceleratorConnector
 from lightning.pytorch.trainer.connectors.logger_connector.logger_connector import _LoggerConnector
 from lightning.pytorch.trainer.connectors.logger_connector.result import _ResultCollection, _ResultMetric
 
 from lightning_ext._hang import hooks as hang_hooks
+from lightning_ext._packages.choice import strategy_for_other_package
 from lightning_ext._per_rank import local_values
 from lightning_ext._setup import checks as setup_checks
 from lightning_ext.strategies import _compat
 
-__all__ = ["install", "patch_mode", "runtime_patching_enabled", "seams_available"]
+__all__ = ["check_trainer_strategies", "install", "patch_mode", "runtime_patching_enabled", "seams_available"]
 
 _MARKER = "__lightning_ext_seam__"
 _NATIVE_MARKER = "_LIGHTNING_EXT_SEAM"  # a class attribute that the patch series adds to each patched class
@@ -89,6 +91,23 @@ def install() -> None:
             wrapper = make(current)
             setattr(wrapper, _MARKER, True)
             setattr(owner, name, wrapper)
+
+
+def check_trainer_strategies() -> None:
+    """Have this package's Trainer name lightning-ext's strategy of the other Lightning package (idempotent).
+
+    Stock Lightning refuses it as "an invalid strategy name"; the wrapper raises
+    :class:`~lightning_ext.errors.LightningPackageMismatchError` with the fix, and leaves everything else to the stock
+    method. Not a seam of the patch series: installed when the package is imported, unless runtime patching is off or
+    the package is patched (then nothing is wrapped, and Lightning's own error stands).
+    """
+    seam = (_AcceleratorConnector, "_check_config_and_set_final_flags", _trainer_check_seam)
+    if not runtime_patching_enabled() or patch_mode() == "native" or _is_wrapped(seam):
+        return
+    _compat.check_signatures([seam[:2]])
+    wrapper = _trainer_check_seam(_AcceleratorConnector._check_config_and_set_final_flags)
+    setattr(wrapper, _MARKER, True)
+    _AcceleratorConnector._check_config_and_set_final_flags = wrapper  # type: ignore[method-assign]
 
 
 def _level(owner: type) -> int:
@@ -301,6 +320,17 @@ def _loaders_seam(original: Callable[..., None]) -> Callable[..., None]:
         original(self, combined_loader)
 
     return setup
+
+
+def _trainer_check_seam(original: Callable[..., None]) -> Callable[..., None]:
+    @functools.wraps(original)
+    def _check_config_and_set_final_flags(self: _AcceleratorConnector, strategy: Any, *args: Any, **kw: Any) -> None:
+        theirs = getattr(type(strategy), "_lightning_package", None)  # set on PolicyStrategyMixin, per package
+        if theirs is not None and theirs != _compat.PACKAGE:
+            raise strategy_for_other_package(type(strategy), theirs, _compat.PACKAGE, "this Trainer")
+        original(self, strategy, *args, **kw)
+
+    return _check_config_and_set_final_flags
 
 
 def _run_seam(original: Callable[..., Any]) -> Callable[..., Any]:

@@ -4,7 +4,7 @@ import inspect
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
 from lightning.pytorch.strategies import ParallelStrategy, Strategy
@@ -15,6 +15,7 @@ from lightning_ext import _collective
 from lightning_ext._collective import RankGroup, all_gather_objects
 from lightning_ext._decisions import checkpoint, early_stopping
 from lightning_ext._hang.guard import HangChecks, HangGuard, UnevenMode, validate_options
+from lightning_ext._packages.choice import Package, check_one_package, package_of, strategy_for_other_package
 from lightning_ext._per_rank import local_values
 from lightning_ext._per_rank.decision_file import DecisionFile
 from lightning_ext._per_rank.logger import RankCSVLogger, loggers_for
@@ -32,7 +33,7 @@ from lightning_ext._setup import checks as setup_checks
 from lightning_ext.errors import PolicyMismatchError, mark_joint
 from lightning_ext.policies import DecisionPolicy, PolicyLike, resolve_policy
 from lightning_ext.rank_metrics import PerRankMetrics
-from lightning_ext.strategies import _runtime
+from lightning_ext.strategies import _compat, _runtime
 
 __all__ = ["PolicyStrategyMixin"]
 
@@ -72,8 +73,13 @@ class PolicyStrategyMixin(_Strategy):
 
     """
 
+    _lightning_package: ClassVar[Package] = _compat.PACKAGE  # this module is compiled once per Lightning package
+
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        base = package_of(cls)
+        if base is not None and base != cls._lightning_package:  # the mixin of one package on the other's strategy
+            raise strategy_for_other_package(cls, cls._lightning_package, base, f"{cls.__name__}'s base strategy")
         _check_order(cls)  # here, because with the mixin after the strategy, its __init__ would not run to check it
 
     def __init__(
@@ -147,6 +153,7 @@ class PolicyStrategyMixin(_Strategy):
     @override
     def setup_environment(self) -> None:
         _runtime.install()  # a spawned or re-launched process imports us afresh
+        self._check_one_package()  # before the process group: every rank raises alike, none waits
         super().setup_environment()
         namespace = self._agree_at_set_up()
         self._hang_guard.start(self._rank(), self.world_size, namespace, self._trainer())
@@ -277,6 +284,19 @@ class PolicyStrategyMixin(_Strategy):
     def on_run_failure(self, error: BaseException) -> None:
         """The ``Trainer._run`` seam: a fit/validate/test raised on this rank (see :class:`HangGuard.on_failure`)."""
         self._hang_guard.on_failure(error, self._rank())
+
+    def _check_one_package(self) -> None:
+        """Raise if the run holds objects of the other Lightning package (they would escape the seams silently)."""
+        trainer = self._trainer()
+        parts: list[tuple[str, object]] = [("the accelerator", self.accelerator)]
+        parts += [("the precision plugin", self.precision_plugin)]
+        parts += [("the cluster environment", self.cluster_environment), ("the checkpoint IO", self._checkpoint_io)]
+        if trainer is not None:
+            parts += [("the Trainer", trainer), ("the LightningModule", trainer.lightning_module)]
+            parts += [("the datamodule", trainer.datamodule)] if trainer.datamodule is not None else []
+            parts += [(f"the callback {type(callback).__name__}", callback) for callback in trainer.callbacks]
+            parts += [(f"the logger {type(logger).__name__}", logger) for logger in trainer.loggers]
+        check_one_package(self._lightning_package, parts, type(self).__name__)
 
     def _flush_rank_files(self) -> None:
         if self.rank_metrics_logger is not None:

@@ -38,7 +38,7 @@ def assert_group_in_step(pool: RankPool) -> None:
 
 
 @pytest.mark.parametrize("callback", ["checkpoint", "early_stopping"])
-@pytest.mark.parametrize("policy", ["all", "mean"])
+@pytest.mark.parametrize("policy", ["all", pytest.param("mean", marks=pytest.mark.both_packages)])
 def test_metric_logged_on_rank_zero_only_is_one_error_on_every_rank(
     rank_pools: Any, tmp_path: Any, callback: str, policy: str
 ) -> None:
@@ -134,6 +134,7 @@ def test_stock_ddp_hangs_where_the_policy_strategy_raises(rank_pools: Any, tmp_p
     assert pool.starts == starts + 1
 
 
+@pytest.mark.both_packages
 def test_metric_missing_on_every_rank_keeps_the_stock_error_on_every_rank(rank_pools: Any, tmp_path: Any) -> None:
     pool = rank_pools(2)
     with pytest.raises(RankFailure) as raised:
@@ -156,6 +157,7 @@ def test_metric_missing_on_every_rank_keeps_the_stock_error_on_every_rank(rank_p
     assert [r["should_stop"] for r in results] == [False, False]  # strict=False: skipped on every rank, no hang
 
 
+@pytest.mark.both_packages
 def test_ranks_configured_with_different_policies_fail_at_set_up(rank_pools: Any, tmp_path: Any) -> None:
     pool = rank_pools(2)
     per_rank = [
@@ -173,6 +175,7 @@ def test_ranks_configured_with_different_policies_fail_at_set_up(rank_pools: Any
     )
 
 
+@pytest.mark.both_packages
 def test_quorum_larger_than_the_world_fails_at_set_up_on_every_rank(rank_pools: Any, tmp_path: Any) -> None:
     with pytest.raises(RankFailure) as raised:
         rank_pools(2).run(
@@ -183,6 +186,7 @@ def test_quorum_larger_than_the_world_fails_at_set_up_on_every_rank(rank_pools: 
     same_error_everywhere(raised.value, 2, "Quorum(k=3) can never be met: only 2 rank(s) vote")
 
 
+@pytest.mark.both_packages
 def test_policy_that_does_not_return_a_bool_is_one_error_on_every_rank(rank_pools: Any, tmp_path: Any) -> None:
     with pytest.raises(RankFailure) as raised:
         rank_pools(2).run(
@@ -195,6 +199,7 @@ def test_policy_that_does_not_return_a_bool_is_one_error_on_every_rank(rank_pool
     )
 
 
+@pytest.mark.both_packages
 def test_local_decision_that_is_not_a_bool_is_one_error_on_every_rank(rank_pools: Any, tmp_path: Any) -> None:
     with pytest.raises(RankFailure) as raised:
         rank_pools(3).run(
@@ -221,6 +226,7 @@ def test_pool_reports_a_hang_by_its_deadline(rank_pools: Any) -> None:
     assert time.monotonic() - started < 15
 
 
+@pytest.mark.both_packages
 def test_step_based_checkpoint_with_metric_on_rank_zero_only_is_one_error_on_every_rank(
     rank_pools: Any, tmp_path: Any
 ) -> None:
