@@ -1,18 +1,15 @@
 """``PolicyStrategyMixin``: the policies, per-rank metrics and hang checks for any Lightning ``ParallelStrategy``."""
 
-import inspect
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
-from lightning.pytorch.strategies import ParallelStrategy, Strategy
-from lightning.pytorch.utilities import rank_zero_warn
+from lightning.pytorch.loggers import Logger
+from lightning.pytorch.strategies import ParallelStrategy
 from typing_extensions import override
 
 from lightning_ext import _collective
-from lightning_ext._collective import RankGroup, all_gather_objects
+from lightning_ext._collective import RankGroup
 from lightning_ext._decisions import checkpoint, early_stopping
 from lightning_ext._hang.guard import HangChecks, HangGuard, UnevenMode, validate_options
 from lightning_ext._packages.choice import Package, check_one_package, package_of, strategy_for_other_package
@@ -30,10 +27,11 @@ from lightning_ext._per_rank.telemetry import (
     timing,
 )
 from lightning_ext._setup import checks as setup_checks
-from lightning_ext.errors import PolicyMismatchError, mark_joint
 from lightning_ext.policies import DecisionPolicy, PolicyLike, resolve_policy
 from lightning_ext.rank_metrics import PerRankMetrics
 from lightning_ext.strategies import _compat, _runtime
+from lightning_ext.strategies._class_checks import check_base, check_order
+from lightning_ext.strategies._set_up import agree, invalid_policies
 
 __all__ = ["PolicyStrategyMixin"]
 
@@ -80,7 +78,9 @@ class PolicyStrategyMixin(_Strategy):
         base = package_of(cls)
         if base is not None and base != cls._lightning_package:  # the mixin of one package on the other's strategy
             raise strategy_for_other_package(cls, cls._lightning_package, base, f"{cls.__name__}'s base strategy")
-        _check_order(cls)  # here, because with the mixin after the strategy, its __init__ would not run to check it
+        check_order(
+            cls, PolicyStrategyMixin
+        )  # here, because with the mixin after the strategy, its __init__ would not run to check it
 
     def __init__(
         self,
@@ -94,7 +94,7 @@ class PolicyStrategyMixin(_Strategy):
         decision_record: bool = True,
         **kwargs: Any,
     ) -> None:
-        _check_base(type(self))
+        check_base(type(self), PolicyStrategyMixin)
         if not isinstance(decision_record, bool):
             raise TypeError(f"decision_record must be True or False, got {decision_record!r}")
         validate_options(hang_checks, uneven_batches, check_unsized_loaders)
@@ -311,160 +311,19 @@ class PolicyStrategyMixin(_Strategy):
         return None if module is None else getattr(module, "_trainer", None)
 
     def _agree_at_set_up(self) -> str:
-        """One gather at set-up; then every rank validates what every rank brought, and raises alike.
-
-        Validation comes after the gather so that no rank raises while the others wait in it. Each rank resolving its
-        own logger version is a known Lightning bug (#18294, #8945): the ranks adopt rank 0's.
-        At world size 1 nothing is exchanged. Returns the run's namespace in the store (rank 0's).
-        """
-        trainer = self._trainer()
-        rank = self._rank()
-        logger_dir = _logger_dir(trainer) if rank == 0 else None
-        mine = {
-            "options": (
-                self._checkpoint_policy.describe(),
-                self._early_stopping_policy.describe(),
-                repr(self._per_rank_metrics),
-                repr((self._hang_guard.mode, self._hang_guard.uneven_batches, self._hang_guard.check_unsized_loaders)),
-                repr(self._decision_record),
-            ),
-            "invalid": _invalid_policies(self._checkpoint_policy, self._early_stopping_policy, self.world_size),
-            "loggers": None if trainer is None else len(_versioned_loggers(trainer)),
-            "versions": _logger_versions(trainer) if rank == 0 else None,
-            # as Trainer.log_dir defines it (without its broadcast)
-            # as Trainer.log_dir defines them (without its broadcast)
-            "log_dir": (logger_dir or str(trainer.default_root_dir)) if rank == 0 and self._per_rank_metrics else None,
-            "record_dir": logger_dir if self._decision_record else None,
-            "namespace": f"lightning_ext/{uuid.uuid4().hex}/" if rank == 0 else None,
-            "init_module": setup_checks.init_module_state(trainer),
-        }
-        everyone = all_gather_objects(mine, RankGroup.from_strategy(self))
-        try:
-            _validate_agreement(everyone)
-        except Exception as error:  # every rank saw the same data, so every rank raises this
-            raise mark_joint(error) from None
-        warning = setup_checks.init_module_warning([theirs["init_module"] for theirs in everyone])
-        if warning is not None:
-            rank_zero_warn(warning)
-        if trainer is not None and everyone[0]["versions"] is not None:
-            for logger, version in zip(_versioned_loggers(trainer), everyone[0]["versions"], strict=True):
-                logger._version = version
-        self._run_log_dir = everyone[0]["log_dir"]
-        namespace: str = everyone[0]["namespace"]
-        if rank == 0 and everyone[0]["record_dir"] is not None:  # the run's id: its namespace's
-            self.decision_file = DecisionFile(everyone[0]["record_dir"], namespace.split("/")[1][:12])
-        return namespace
-
-
-def _validate_agreement(everyone: list[dict[str, Any]]) -> None:
-    """Raise the same error on every rank if the ranks' set-up disagrees or is invalid (every rank sees everything)."""
-    invalid = [(rank, theirs["invalid"]) for rank, theirs in enumerate(everyone) if theirs["invalid"]]
-    if invalid:
-        listing = "; ".join(f"rank {rank}: {problem}" for rank, problem in invalid)
-        raise ValueError(f"Invalid decision policy: {listing}")
-    if any(theirs["options"] != everyone[0]["options"] for theirs in everyone):
-        listing = "; ".join(
-            f"rank {rank}: checkpoint_policy={theirs['options'][0]}, early_stopping_policy={theirs['options'][1]},"
-            f" per_rank_metrics={theirs['options'][2]}, hang checks={theirs['options'][3]},"
-            f" decision_record={theirs['options'][4]}"
-            for rank, theirs in enumerate(everyone)
+        """Set-up's one exchange (see :func:`~lightning_ext.strategies._set_up.agree`); returns the store namespace."""
+        guard = self._hang_guard
+        options = (
+            self._checkpoint_policy.describe(),
+            self._early_stopping_policy.describe(),
+            repr(self._per_rank_metrics),
+            repr((guard.mode, guard.uneven_batches, guard.check_unsized_loaders)),
+            repr(self._decision_record),
         )
-        raise PolicyMismatchError(f"The strategy is configured differently on different ranks: {listing}")
-    counts = [theirs["loggers"] for theirs in everyone]
-    if len(set(counts)) > 1:
-        listing = ", ".join(f"rank {rank}: {count}" for rank, count in enumerate(counts))
-        raise PolicyMismatchError(
-            f"The ranks configured different numbers of CSV/TensorBoard loggers ({listing}); every rank must configure"
-            " the same loggers"
-        )
-
-
-def _invalid_policies(checkpoint: DecisionPolicy, early_stopping: DecisionPolicy, world_size: int) -> str | None:
-    """What is wrong with the policies at this world size (checked locally, reported after the gather)."""
-    for name, policy in (("checkpoint_policy", checkpoint), ("early_stopping_policy", early_stopping)):
-        try:
-            policy.validate(world_size)
-        except ValueError as error:
-            return f"{name}={policy!r}: {error}"
-    return None
-
-
-def _check_base(cls: type) -> None:
-    """Raise a ``TypeError`` that names the problem if the mixin cannot work in ``cls``.
-
-    ``cls`` must be a ``ParallelStrategy``, with the mixin before every strategy class in its bases, and its
-    ``reduce_boolean_decision`` must take Lightning's calls (``(decision)`` and ``(decision, all=False)``) and let the
-    policies swap in each rank's own decision (an instance attribute, as :mod:`lightning_ext._decisions.checkpoint`
-    does).
-    """
-    if not issubclass(cls, ParallelStrategy):
-        raise TypeError(
-            f"{cls.__qualname__} applies PolicyStrategyMixin to a strategy that is not a ParallelStrategy; the policies"
-            " decide across ranks, so the mixin needs a parallel strategy such as DDPStrategy, FSDPStrategy,"
-            " ModelParallelStrategy or DeepSpeedStrategy"
-        )
-    _check_order(cls)
-    owner = next(base for base in cls.__mro__ if "reduce_boolean_decision" in base.__dict__)
-    if owner is ParallelStrategy:
-        return
-    problem = _incompatible_decision(owner.__dict__["reduce_boolean_decision"])
-    if problem is not None:
-        raise TypeError(
-            f"{owner.__qualname__}.reduce_boolean_decision {problem}; PolicyStrategyMixin needs one that Lightning's"
-            " callbacks can call as reduce_boolean_decision(decision) and reduce_boolean_decision(decision, all=False),"
-            " a plain method like ParallelStrategy.reduce_boolean_decision(self, decision: bool, all: bool = True)"
-        )
-
-
-def _check_order(cls: type) -> None:
-    """The mixin must come before the strategy in the bases, or its methods (``__init__`` first) never run."""
-    mro = cls.__mro__
-    if not issubclass(cls, ParallelStrategy) or PolicyStrategyMixin not in mro:
-        return
-    before = mro[: mro.index(PolicyStrategyMixin)]
-    ahead = [base for base in before if issubclass(base, Strategy) and not issubclass(base, PolicyStrategyMixin)]
-    if ahead:
-        raise TypeError(
-            f"{cls.__qualname__} lists {ahead[0].__qualname__} before PolicyStrategyMixin, so the mixin's methods never"
-            f" run; put the mixin first: class {cls.__name__}(PolicyStrategyMixin, {ahead[0].__name__})"
-        )
-
-
-def _incompatible_decision(found: object) -> str | None:
-    """What keeps an overriding ``reduce_boolean_decision`` from working with the policies, or ``None``."""
-    if isinstance(found, (staticmethod, classmethod)):
-        function, leading = found.__func__, () if isinstance(found, staticmethod) else (object,)
-    elif inspect.isfunction(found):
-        function, leading = found, (object,)
-    else:
-        return f"is a {type(found).__name__}, not a method"
-    try:
-        signature = inspect.signature(function)
-    except (TypeError, ValueError):
-        return "has no signature that can be read"
-    try:
-        signature.bind(*leading, True)
-        signature.bind(*leading, True, all=False)
-    except TypeError:
-        return f"has the signature {signature}"
-    return None
-
-
-def _versioned_loggers(trainer: Any) -> list[CSVLogger | TensorBoardLogger]:
-    """The loggers that pick a ``version_N`` directory on their own (the ones that can disagree across ranks)."""
-    return [logger for logger in trainer.loggers if isinstance(logger, (CSVLogger, TensorBoardLogger))]
-
-
-def _logger_versions(trainer: Any) -> list[int | str | None] | None:
-    if trainer is None:
-        return None
-    return [logger.version for logger in _versioned_loggers(trainer)]
-
-
-def _logger_dir(trainer: Any) -> str | None:
-    """The first logger's directory, if the trainer has a logger with one."""
-    if trainer is None or not trainer.loggers:
-        return None
-    first = trainer.loggers[0]
-    directory = first.log_dir if isinstance(first, (TensorBoardLogger, CSVLogger)) else first.save_dir
-    return None if directory is None else str(directory)
+        invalid = invalid_policies(self._checkpoint_policy, self._early_stopping_policy, self.world_size)
+        trainer, ranks = self._trainer(), RankGroup.from_strategy(self)
+        agreed = agree(trainer, ranks, options, invalid, self._per_rank_metrics is not None, self._decision_record)
+        self._run_log_dir = agreed.log_dir
+        if ranks.rank == 0 and agreed.record_dir is not None:  # the run's id: its namespace's
+            self.decision_file = DecisionFile(agreed.record_dir, agreed.namespace.split("/")[1][:12])
+        return agreed.namespace
