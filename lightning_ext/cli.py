@@ -5,7 +5,6 @@ import csv
 import importlib
 import io
 import json
-import math
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -15,8 +14,8 @@ from typing import Any
 
 import pandas as pd
 
-from lightning_ext._per_rank.decision_format import COLUMNS
 from lightning_ext._per_rank.csv_format import RSS_BYTES, STEP_S, TELEMETRY_COLUMNS
+from lightning_ext._per_rank.decision_format import COLUMNS, changed_something, json_row
 from lightning_ext._per_rank.reader import ReadReport, Request, read_table
 from lightning_ext._per_rank.run_check import rank_ranges
 from lightning_ext._per_rank.spread import MetricSpread
@@ -352,7 +351,7 @@ def _run_decisions(args: argparse.Namespace) -> int:
         chosen = [index for index, row in enumerate(record.rows) if _selected(row, args)]
         rows = [record.rows[index] for index in chosen]
         if args.format == "json":
-            print(json.dumps([_json_row(row) for row in rows], indent=1, ensure_ascii=False, allow_nan=False))
+            print(json.dumps([json_row(row) for row in rows], indent=1, ensure_ascii=False, allow_nan=False))
         elif args.format == "csv":
             out = io.StringIO()
             writer = csv.DictWriter(out, fieldnames=COLUMNS, lineterminator="\n")
@@ -373,14 +372,7 @@ def _run_decisions(args: argparse.Namespace) -> int:
 def _selected(row: dict[str, Any], args: argparse.Namespace) -> bool:
     if args.callback is not None and row["callback"].lower() != args.callback.lower():
         return False
-    return not args.only_changes or _changed(row)
-
-
-def _changed(row: dict[str, Any]) -> bool:
-    """A save, a stop, an eviction, or a new best score (NaN and NaN are the same score)."""
-    before, after = row["best_before"], row["best_after"]
-    same_best = before == after or (math.isnan(before) and math.isnan(after))
-    return row["outcome"] in ("saved", "stop") or bool(row["removed"]) or not same_best
+    return not args.only_changes or changed_something(row)
 
 
 def _print_story(log_dir: str, record: Any, rows: list[dict[str, Any]]) -> None:
@@ -392,16 +384,3 @@ def _print_story(log_dir: str, record: Any, rows: list[dict[str, Any]]) -> None:
     steps = max((len(str(row["step"])) for row in rows), default=1)
     for row, name in zip(rows, who, strict=True):
         print(f"epoch {row['epoch']:>3}  step {row['step']:>{steps}}  {name:<{width}}  {row['reason']}")
-
-
-def _json_row(row: dict[str, Any]) -> dict[str, Any]:
-    """Strict JSON: NaN is null, infinities are the strings "inf" and "-inf"."""
-    return {name: _json_value(row[name]) for name in COLUMNS}
-
-
-def _json_value(value: Any) -> Any:
-    if isinstance(value, tuple):
-        return [_json_value(item) for item in value]
-    if isinstance(value, float) and not math.isfinite(value):
-        return None if math.isnan(value) else ("inf" if value > 0 else "-inf")
-    return None if value == "" else value

@@ -75,6 +75,8 @@ class DataLoaderSetupError(CrossRankError):
 
 class InitModuleWarning(UserWarning):
     """A ``trainer.fit`` (``validate``, ...) runs inside ``trainer.init_module()``, which is for the model only."""
+
+
 # ---- the two Lightning packages -------------------------------------------------------------------------------------
 class LightningPackageMismatchError(TypeError):
     """Objects of ``lightning`` and of ``pytorch_lightning`` in one run; the message names both and the fix."""

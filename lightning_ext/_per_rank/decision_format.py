@@ -7,7 +7,7 @@ from typing import Any
 
 from lightning_ext.errors import DecisionRecordError
 
-__all__ = ["COLUMNS", "FILENAME", "check_one_run", "decode_row", "encode_row"]
+__all__ = ["COLUMNS", "FILENAME", "changed_something", "check_one_run", "decode_row", "encode_row", "json_row"]
 
 FILENAME = "decisions.csv"
 COLUMNS = (
@@ -159,3 +159,23 @@ def _number(cell: str, where: str, line: int, column: str) -> float:
         return float(cell)
     except ValueError:
         raise DecisionRecordError(f"{where}, line {line}, column {column!r}: not a number: {cell!r}") from None
+
+
+def changed_something(row: dict[str, Any]) -> bool:
+    """A save, a stop, an eviction, or a new best score (NaN and NaN are the same score)."""
+    before, after = row["best_before"], row["best_after"]
+    same_best = before == after or (math.isnan(before) and math.isnan(after))
+    return row["outcome"] in ("saved", "stop") or bool(row["removed"]) or not same_best
+
+
+def json_row(row: dict[str, Any]) -> dict[str, Any]:
+    """Strict JSON: NaN is null, infinities are the strings "inf" and "-inf"."""
+    return {name: _json_value(row[name]) for name in COLUMNS}
+
+
+def _json_value(value: Any) -> Any:
+    if isinstance(value, tuple):
+        return [_json_value(item) for item in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    return None if value == "" else value
