@@ -37,6 +37,7 @@ TRAINING_CONFIGS = (
     "stock_5_synced",
     "stock_5_synced_twin",
     "hang_checks_5_synced",
+    "telemetry",
 )
 TRAINING_SUBJECTS = {  # training_step_cpu/*: a diagnostic, CPU time of the main thread
     f"{prefix}/{config}" for prefix in ("training_step", "training_step_cpu") for config in TRAINING_CONFIGS
@@ -84,6 +85,9 @@ def test_smoke_reports_the_cost_of_one_per_rank_row(smoke: tuple[Path, subproces
         assert spread["low"] <= spread["median"] <= spread["high"], figure
     # measured, not assumed: a row costs something, and far less than a whole training step
     assert 0 < cost["row_cpu_us"]["median"] < cost["stock_step_cpu_us"]
+    # so does a telemetry sample (its phases timed, its row written), and one memory reading
+    assert 0 < cost["sample_cpu_us"]["median"] < cost["stock_step_cpu_us"]
+    assert cost["memory_cpu_us"]["median"] > 0
 
 
 @pytest.mark.slow
@@ -158,6 +162,7 @@ def test_smoke_collectives_are_counted(smoke: tuple[Path, subprocess.CompletedPr
     stock = steps["training_step/stock"]
     assert steps["training_step/per_rank_metrics"]["collectives_by_name"] == stock["collectives_by_name"]
     assert steps["training_step/stock_twin"]["collectives_by_name"] == stock["collectives_by_name"]
+    assert steps["training_step/telemetry"]["collectives_by_name"] == stock["collectives_by_name"]  # none added
     # the default checks replace the barrier of each synced log's _sync_ddp with a check: the same number, no barrier
     for checked_config, baseline in (("hang_checks", "stock"), ("hang_checks_5_synced", "stock_5_synced")):
         base = steps[f"training_step/{baseline}"]["collectives_by_name"]
@@ -168,7 +173,7 @@ def test_smoke_collectives_are_counted(smoke: tuple[Path, subprocess.CompletedPr
     five, one = steps["training_step/stock_5_synced"]["collectives_by_name"], stock["collectives_by_name"]
     assert five["barrier"] - one["barrier"] == five["all_reduce"] - one["all_reduce"] == 4  # four more synced values
     extra = [t for t in document["targets"] if t["name"] == "extra collectives per logging step"]
-    assert len(extra) == 3 and all(t["value"] == 0 and t["met"] for t in extra)
+    assert len(extra) == 4 and all(t["value"] == 0 and t["met"] for t in extra)
     counted = [t for t in document["targets"] if t["name"] == "collectives per decision"]
     assert len(counted) == 2 * 2 * len(POLICIES) and all(t["met"] for t in counted)
 
