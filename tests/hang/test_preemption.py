@@ -52,6 +52,10 @@ def references(tmp_path_factory: pytest.TempPathFactory) -> _References:
     return _References(tmp_path_factory.mktemp("references"))
 
 
+def _near(values: list[float], exact: bool) -> Any:
+    return values if exact else pytest.approx(values, rel=1e-6, abs=1e-7)
+
+
 def _window_end(batches: int, accumulate: int) -> bool:
     """Whether an optimizer step ends after ``batches`` training batches (the end of an epoch always steps)."""
     return (batches % TRAIN_BATCHES) % accumulate == 0 or batches % TRAIN_BATCHES == 0
@@ -61,13 +65,18 @@ def _check_resumed(references: _References, pool: RankPool, root: Path, accumula
     """Final weights and every rank's own rows equal the reference's."""
     world_size = pool.world_size
     reference, validated = references.get(pool, world_size, accumulate)
+    # Two ranks' sums are exact in any order. With three, gloo's ring sums each gradient element in an order set by
+    # its place in DDP's bucket, and a resumed process's new DDP syncs its first step before it rebuilds its buckets
+    # as the uninterrupted run did: the last bit may differ (measured: 1 ulp).
+    exact = world_size == 2
     for rank in range(world_size):
-        assert resumed[rank]["weights"] == reference[rank]["weights"], f"rank {rank}"
+        assert resumed[rank]["weights"] == _near(reference[rank]["weights"], exact), f"rank {rank}"
         assert resumed[rank]["global_step"] == reference[rank]["global_step"]
         rows = rank_rows(str(root), rank)
-        steps = [(int(row["step"]), float(row["loss"]), float(row["mark"])) for row in rows if row["loss"]]
-        expected = [(step, loss, mark(rank, step)) for step, loss in reference[rank]["losses"]]
-        assert steps == expected, f"rank {rank}: rows {steps}\nexpected {expected}"
+        losses = dict(reference[rank]["losses"])  # a step's row holds its last batch's value (accumulation)
+        assert [int(row["step"]) for row in rows if row["loss"]] == list(losses), f"rank {rank}: {rows}"
+        assert [float(row["loss"]) for row in rows if row["loss"]] == _near(list(losses.values()), exact)
+        assert [float(row["mark"]) for row in rows if row["loss"]] == [mark(rank, step) for step in losses]
         assert [int(row["step"]) for row in rows if row["val"]] == validated, f"rank {rank}"
 
 
