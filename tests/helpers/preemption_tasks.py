@@ -60,7 +60,7 @@ class Resumable:
 
 
 class Model(L.LightningModule):
-    """Sends ``signals[rank] = (batch, phase)``: SIGTERM to itself at that training batch (or the validation after it)."""
+    """Sends itself SIGTERM at ``signals[rank] = (batch, phase)``: in that training batch or the validation after it."""
 
     def __init__(self, signals: dict[int, tuple[int, str]] | None = None) -> None:
         super().__init__()
