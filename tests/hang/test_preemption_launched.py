@@ -131,4 +131,5 @@ def test_torchrun_restarts_the_stopped_group_and_it_resumes_to_the_reference(
     root, future = launched["torchrun"]
     run = future.result()
     assert run["codes"] == (0,), run["output"]
+    assert "failed (exitcode: 143)" in run["output"]  # torchelastic saw the stopped workers exit 143
     _check(root, run, reference)
