@@ -173,12 +173,11 @@ class StopController:
         self._flush()
         loop = self._loop
         batch, epoch = loop.batch_progress.total.ready, trainer.current_epoch
-        path, found = stop_checkpoint.save(trainer, number)
+        path, resume = stop_checkpoint.save(trainer, number)
         if self.rank == 0:
-            resume = 'ckpt_path="last"' if found else f"ckpt_path={path!r}"
             print(
                 f"lightning-ext: stopped every rank before training batch {batch} (epoch {epoch}): {self._reason};"
-                f" checkpoint {path}; resume with trainer.fit(..., {resume})",
+                f" checkpoint {path}; {resume}",
                 file=sys.stderr,
                 flush=True,
             )

@@ -13,8 +13,8 @@ __all__ = ["PREEMPTED", "save"]
 PREEMPTED = "last-preempted.ckpt"  # Lightning's ckpt_path="last" takes every "last*" file of a checkpoint directory
 
 
-def save(trainer: Any, number: int) -> tuple[str, bool]:
-    """Save the stop's checkpoint on every rank together; return its path and whether ``ckpt_path="last"`` finds it.
+def save(trainer: Any, number: int) -> tuple[str, str]:
+    """Save the stop's checkpoint on every rank together; return its path and how to resume from it.
 
     The stop comes at the start of a training step, after the last step's ``on_advance_end`` counted it in
     ``_batches_that_stepped``. When validation was due after that step, Lightning's resume takes its "restarted on
@@ -29,8 +29,9 @@ def save(trainer: Any, number: int) -> tuple[str, bool]:
         if number != signal.SIGTERM:  # Lightning's SLURM requeue signal: its own handler, now that every rank is here
             path = trainer._checkpoint_connector.hpc_save_path(trainer.default_root_dir)
             trainer._signal_connector._slurm_sigusr_handler_fn(number, None)
-            return str(path), False
-        return _save(trainer)
+            return str(path), "Lightning resumes from it when SLURM restarts the job"
+        path, found = _save(trainer)
+        return path, 'resume with trainer.fit(..., ckpt_path="last")' if found else f"resume with ckpt_path={path!r}"
     finally:
         loop._batches_that_stepped += shift
 

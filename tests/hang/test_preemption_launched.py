@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers.jobs import REPO, Job, clean_env
+from tests.helpers.jobs import REPO, Job, clean_env, free_port
 from tests.helpers.preemption_tasks import mark, rank_rows
 
 SCRIPT = REPO / "tests" / "helpers" / "scripts" / "preemption_job.py"
@@ -31,14 +31,14 @@ LATENCY = 3  # the stop comes before this many more training batches have starte
 CHILD_EXIT = 15.0  # seconds for a popen child to write its outcome after the parent exited
 
 
-def _signal_rank_one(root: Path, job: Job) -> int:
-    """Once rank 1 has started ``SIGNAL_FROM_BATCH`` training batches or more, SIGTERM its process; return how many."""
+def _signal_rank_one(root: Path, job: Job, signum: int = signal.SIGTERM) -> int:
+    """Once rank 1 has started ``SIGNAL_FROM_BATCH`` training batches or more, signal its process; return how many."""
     marker = root / "batch_0_1"
     deadline = time.monotonic() + RUN_TIMEOUT
     while time.monotonic() < deadline and job.running():
         text = marker.read_text().split() if marker.exists() else []
         if len(text) == 2 and int(text[1]) >= SIGNAL_FROM_BATCH:
-            os.kill(int(text[0]), signal.SIGTERM)
+            os.kill(int(text[0]), signum)
             return int(text[1])
         time.sleep(0.05)
     pytest.fail(f"rank 1 never started {SIGNAL_FROM_BATCH} training batches:\n{job.output()}")
@@ -75,14 +75,50 @@ def _torchrun(root: Path) -> dict[str, Any]:
     return {"signalled": signalled, "codes": (code,), "stopped": _outcomes(root, 0), "output": job.output(20000)}
 
 
+def _slurm(root: Path) -> dict[str, Any]:
+    """Two ranks started as ``srun`` starts them (SLURM's variables set by hand, a stand-in ``scontrol`` on PATH)."""
+    bin_dir = root / "bin"
+    bin_dir.mkdir()
+    scontrol = bin_dir / "scontrol"
+    scontrol.write_text(f'#!/bin/sh\necho "$@" >> {root / "scontrol.calls"}\n')
+    scontrol.chmod(0o755)
+    port = str(free_port())
+    jobs = []
+    for rank in (0, 1):
+        env = clean_env(
+            PATH=f"{bin_dir}:{os.environ['PATH']}",
+            SLURM_NTASKS="2",
+            SLURM_NTASKS_PER_NODE="2",
+            SLURM_JOB_NAME="train",
+            SLURM_JOB_ID="4242",
+            SLURM_NODELIST="127.0.0.1",
+            SLURM_PROCID=str(rank),
+            SLURM_LOCALID=str(rank),
+            SLURM_NODEID="0",
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=port,
+        )
+        jobs.append(Job([sys.executable, str(SCRIPT), str(root)], env, root / f"rank{rank}.log", cwd=root))
+    signalled = _signal_rank_one(root, jobs[1], signal.SIGUSR1)
+    codes = tuple(job.wait(RUN_TIMEOUT) for job in jobs)
+    for job in jobs:
+        job.kill()
+    output = "\n".join(job.output() for job in jobs)
+    return {"signalled": signalled, "codes": codes, "stopped": _outcomes(root, 0), "output": output}
+
+
 @pytest.fixture(scope="module")
-def launched(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, tuple[Path, Future[dict[str, Any]]]]]:
-    roots = {name: tmp_path_factory.mktemp(name) for name in ("popen", "torchrun")}
+def launched(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, tuple[Path, Future[dict[str, Any]]]]]:
+    """The jobs of the selected tests, two at a time in the background."""
+    selected = " ".join(item.name for item in request.session.items)
+    runs = {
+        name: run for name, run in {"popen": _popen, "torchrun": _torchrun, "slurm": _slurm}.items() if name in selected
+    }
+    roots = {name: tmp_path_factory.mktemp(name) for name in runs}
     with ThreadPoolExecutor(max_workers=2) as pool:
-        yield {
-            "popen": (roots["popen"], pool.submit(_popen, roots["popen"])),
-            "torchrun": (roots["torchrun"], pool.submit(_torchrun, roots["torchrun"])),
-        }
+        yield {name: (roots[name], pool.submit(run, roots[name])) for name, run in runs.items()}
 
 
 @pytest.fixture(scope="module")
@@ -133,3 +169,19 @@ def test_torchrun_restarts_the_stopped_group_and_it_resumes_to_the_reference(
     assert run["codes"] == (0,), run["output"]
     assert "failed (exitcode: 143)" in run["output"]  # torchelastic saw the stopped workers exit 143
     _check(root, run, reference)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3 * RUN_TIMEOUT)
+def test_slurm_requeue_signal_on_one_rank_requeues_once_with_lightnings_checkpoint(
+    launched: dict[str, tuple[Path, Future[dict[str, Any]]]],
+) -> None:
+    root, future = launched["slurm"]
+    run = future.result()
+    stopped, output = run["stopped"], run["output"]
+    assert run["codes"] == (128 + signal.SIGUSR1,) * 2, output
+    assert {outcome["code"] for outcome in stopped.values()} == {128 + signal.SIGUSR1}, output
+    assert len({outcome["batches"] for outcome in stopped.values()}) == 1, stopped
+    assert (root / "hpc_ckpt_1.ckpt").exists(), sorted(path.name for path in root.iterdir())
+    assert (root / "scontrol.calls").read_text() == "requeue 4242\n"  # by rank 0 only, once
+    assert "rank 1 received SIGUSR1" in output
