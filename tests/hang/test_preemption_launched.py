@@ -1,10 +1,11 @@
-"""The coordinated stop in launched jobs: SIGTERM sent from outside to one rank's process at a moment it does not choose.
+"""The coordinated stop in launched jobs: a signal sent from outside to one rank's process, at a moment it does not pick.
 
 Under Lightning's default launcher (popen) every process exits 143, rank 0 (the parent) too, and a second launch with
 ``ckpt_path="last"`` ends with the uninterrupted stock run's weights and per-rank rows. Under torchrun with
 ``--max-restarts 1``, torchelastic restarts the stopped group, the script resumes from "last", and the agent exits 0.
-The reference is the stock ``DDPStrategy`` run of the same model and data in a rank pool
-(tests/helpers/preemption_tasks.py). Both jobs run at once, in the background.
+Under SLURM (two ranks started as ``srun`` would, a stand-in ``scontrol``), Lightning's requeue signal on one rank
+saves Lightning's ``hpc_ckpt`` and requeues the job once. The reference is the stock ``DDPStrategy`` run of the same
+model and data in a rank pool (tests/helpers/preemption_tasks.py). The jobs run two at a time, in the background.
 """
 
 from __future__ import annotations
