@@ -1,4 +1,4 @@
-"""The coordinated stop in launched jobs: a signal sent from outside to one rank's process, at a moment it does not pick.
+"""The coordinated stop in launched jobs: a signal sent from outside to one rank's process while it trains.
 
 Under Lightning's default launcher (popen) every process exits 143, rank 0 (the parent) too, and a second launch with
 ``ckpt_path="last"`` ends with the uninterrupted stock run's weights and per-rank rows. Under torchrun with
