@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lightning_ext import PolicyDDPStrategy, Quorum
-from lightning_ext._hang.stop import resolve_preemption_policy
+from lightning_ext._hang.stop import _other_handlers, resolve_preemption_policy
 from tests.helpers.pool import RankPool
 from tests.helpers.preemption_tasks import EPOCHS, PHASES, TRAIN_BATCHES, mark, rank_rows
 
@@ -65,9 +65,9 @@ def _check_resumed(references: _References, pool: RankPool, root: Path, accumula
     """Final weights and every rank's own rows equal the reference's."""
     world_size = pool.world_size
     reference, validated = references.get(pool, world_size, accumulate)
-    # Two ranks' sums are exact in any order. With three, gloo's ring sums each gradient element in an order set by
-    # its place in DDP's bucket, and a resumed process's new DDP syncs its first step before it rebuilds its buckets
-    # as the uninterrupted run did: the last bit may differ (measured: 1 ulp).
+    # Two ranks' sums are exact in either order: bit-identical. With three, the last bit may differ (seen: 1 ulp),
+    # likely because gloo's ring sums each gradient element in an order set by its place in DDP's bucket, and a
+    # resumed process's new DDP syncs its first step before rebuilding its buckets as the uninterrupted run had.
     exact = world_size == 2
     for rank in range(world_size):
         assert resumed[rank]["weights"] == _near(reference[rank]["weights"], exact), f"rank {rank}"
@@ -167,3 +167,16 @@ def test_the_option_takes_vote_policies_and_refuses_the_rest() -> None:
         PolicyDDPStrategy(preemption_policy="max")
     with pytest.raises(TypeError):
         PolicyDDPStrategy(preemption_policy=3)  # type: ignore[arg-type]
+
+
+def test_the_stop_runs_the_users_earlier_handler_but_not_lightnings_broadcasting_one() -> None:
+    from lightning.pytorch.trainer.connectors.signal_connector import _HandlersCompose, _SignalConnector
+
+    connector = _SignalConnector(trainer=None)  # type: ignore[arg-type]  # its notifier would fail on a None trainer
+    seen: list[int] = []
+    compose = _HandlersCompose([connector._sigterm_notifier_fn, lambda number, frame: seen.append(number)])
+    _other_handlers(compose, signal.SIGTERM, None)
+    assert seen == [signal.SIGTERM] and not connector.received_sigterm
+    _other_handlers(lambda number, frame: seen.append(-number), signal.SIGTERM, None)  # not Lightning's compose
+    _other_handlers(signal.SIG_DFL, signal.SIGTERM, None)  # the default action is not taken: the stop ends the run
+    assert seen == [signal.SIGTERM, -signal.SIGTERM]

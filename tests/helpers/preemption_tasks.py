@@ -81,7 +81,7 @@ class Model(L.LightningModule):
         loss = self.layer(batch[0]).pow(2).mean()
         self.log("loss", loss, sync_dist=True)
         self.log("mark", mark(self.global_rank, self.trainer.fit_loop.epoch_loop._batches_that_stepped))
-        self.last_loss = float(loss)
+        self.last_loss = float(loss.detach())
         self._maybe_signal("training_step")
         return loss
 
