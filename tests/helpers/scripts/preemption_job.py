@@ -1,12 +1,11 @@
 """A user's training script that a scheduler preempts: launched for real by tests/hang/test_preemption_launched.py.
 
-Usage: ``python preemption_job.py ROOT`` (Lightning's default launcher, 2 ranks), under ``torchrun --max-restarts 1``,
-or once per rank with SLURM's variables set (as ``srun`` would start it).
+Usage: ``python preemption_job.py ROOT`` (Lightning's default launcher, 2 ranks), under ``torchrun``, or once per rank
+with SLURM's variables set (as ``srun`` would start it).
 The first attempt trains slowly (each rank writes ``ROOT/batch_0_<rank>``: its pid, and how many training batches it
-has started)
-so that the test can send SIGTERM to one rank's process; ``RESUME=1``, or torchrun's restart, resumes with
-``ckpt_path="last"``. Every rank writes ``ROOT/outcome_<attempt>_<rank>.json``: its exit code (``null``: it ended
-normally), the batches it completed, its final weights; then it exits as the stop made it exit.
+has started) so that the test can signal one rank's process; ``RESUME=1`` resumes with ``ckpt_path="last"``. Every
+rank writes ``ROOT/outcome_<attempt>_<rank>.json``: its exit code (``null``: it ended normally), the batches it
+completed, its final weights; then it exits as the stop made it exit.
 """
 
 import json
@@ -38,7 +37,7 @@ class Pace(L.Callback):
 
 def main() -> None:
     root = Path(sys.argv[1])
-    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", os.environ.get("RESUME", "0")))
+    attempt = int(os.environ.get("RESUME", "0"))
     # under popen rank 0 has no rank variable yet (its children get LOCAL_RANK); srun sets SLURM_PROCID
     rank = int(os.environ.get("SLURM_PROCID", os.environ.get("LOCAL_RANK", "0")))
     strategy = PolicyDDPStrategy(process_group_backend="gloo", per_rank_metrics=PerRankMetrics(flush_every_n_rows=1000))
