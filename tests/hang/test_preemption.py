@@ -159,6 +159,16 @@ def test_the_policy_decides_whether_signalled_ranks_stop_the_run(
     _check_resumed(references, pool, tmp_path, 1, outcomes)
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_the_armed_stop_makes_exactly_stocks_broadcasts(rank_pools: Any, tmp_path: Path) -> None:
+    """The stop rides on Lightning's per-step broadcast: no broadcast added, none removed."""
+    pool = rank_pools(2)
+    stock = pool.run(f"{TASKS}:broadcasts_per_fit", (str(tmp_path / "stock"), True), timeout=120)
+    armed = pool.run(f"{TASKS}:broadcasts_per_fit", (str(tmp_path / "ours"), False), timeout=120)
+    assert armed == stock and stock[0] >= BATCHES, (stock, armed)
+
+
 def test_the_option_takes_vote_policies_and_refuses_the_rest() -> None:
     assert PolicyDDPStrategy().preemption_policy == resolve_preemption_policy("any")
     assert PolicyDDPStrategy(preemption_policy=Quorum(2)).preemption_policy == Quorum(2)

@@ -190,3 +190,24 @@ def rank_rows(root: str, rank: int) -> list[dict[str, str]]:
     path = Path(root) / "run" / f"rank_{rank}" / "metrics.csv"
     with path.open() as handle:
         return list(csv.DictReader(handle))
+
+
+def broadcasts_per_fit(root: str, stock: bool) -> int:
+    """How many ``torch.distributed.broadcast`` calls one uninterrupted fit makes (stock or with the stop armed)."""
+    calls = 0
+    original = torch.distributed.broadcast
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        return original(*args, **kwargs)
+
+    torch.distributed.broadcast = counted
+    try:
+        if stock:
+            reference(root, 1)
+        else:
+            ours(root, 1, "default")
+    finally:
+        torch.distributed.broadcast = original
+    return calls
