@@ -128,6 +128,7 @@ class StopController:
             self.watchdog.notify(0, _MAIL)
         except Exception:  # the store is gone (rank 0's process ended): nothing to coordinate with
             return None
+        self.watchdog.recorder.signal = None  # a stop request: no later error on this rank may name it as the cause
         return _other_handlers
 
     def _decide(self, store: Any) -> None:

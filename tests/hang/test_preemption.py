@@ -161,6 +161,18 @@ def test_the_policy_decides_whether_signalled_ranks_stop_the_run(
 
 @pytest.mark.slow
 @pytest.mark.timeout(200)
+def test_a_signal_that_did_not_stop_the_run_is_not_named_as_a_later_errors_cause(
+    rank_pools: Any, tmp_path: Path
+) -> None:
+    pool = rank_pools(2)
+    signals = {1: (1, "training_step")}
+    outcomes = pool.run(f"{TASKS}:ours", (str(tmp_path), 1, "save_last", "all"), signals=signals, fail=(1, 4))
+    assert outcomes[1]["error"] == "ValueError: boom on rank 1"
+    assert outcomes[0]["error"].startswith("RankFailedError: Rank 1 failed with ValueError: boom on rank 1")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
 def test_the_armed_stop_makes_exactly_stocks_broadcasts(rank_pools: Any, tmp_path: Path) -> None:
     """The stop rides on Lightning's per-step broadcast: no broadcast added, none removed."""
     pool = rank_pools(2)

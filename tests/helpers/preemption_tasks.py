@@ -62,11 +62,12 @@ class Resumable:
 class Model(L.LightningModule):
     """Sends itself SIGTERM at ``signals[rank] = (batch, phase)``: in that training batch or the validation after it."""
 
-    def __init__(self, signals: dict[int, tuple[int, str]] | None = None) -> None:
+    def __init__(self, signals: dict[int, tuple[int, str]] | None = None, fail: tuple[int, int] | None = None) -> None:
         super().__init__()
         torch.manual_seed(0)
         self.layer = torch.nn.Linear(3, 1)
         self.signals = signals or {}
+        self.fail = fail  # (rank, batch): that rank raises ValueError in that training batch
         self.sent = False
         self.last_loss = 0.0
 
@@ -78,6 +79,10 @@ class Model(L.LightningModule):
             os.kill(os.getpid(), signal.SIGTERM)
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        # before the synced log, where the other ranks wait at a lightning-ext check (a rank pool's failed rank stays
+        # alive, so a rank blocked in a gloo collective with it would never be released)
+        if self.fail == (self.global_rank, self.trainer.fit_loop.epoch_loop.batch_progress.total.ready - 1):
+            raise ValueError(f"boom on rank {self.global_rank}")
         loss = self.layer(batch[0]).pow(2).mean()
         self.log("loss", loss, sync_dist=True)
         self.log("mark", mark(self.global_rank, self.trainer.fit_loop.epoch_loop._batches_that_stepped))
@@ -161,6 +166,7 @@ def ours(
     policy: Any = "any",
     signals: dict[int, tuple[int, str]] | None = None,
     resume: bool = False,
+    fail: tuple[int, int] | None = None,
 ) -> dict[str, Any]:
     """A run with ``PolicyDDPStrategy`` (per-rank rows on): signalled as ``signals`` says, or resumed from "last"."""
     strategy = PolicyDDPStrategy(
@@ -169,12 +175,14 @@ def ours(
         per_rank_metrics=PerRankMetrics(flush_every_n_rows=1000),  # rows stay buffered unless the stop flushes them
     )
     trainer = trainer_for(root, strategy, accumulate, checkpoint, [])
-    model = Model(signals)
-    outcome: dict[str, Any] = {"code": None}
+    model = Model(signals, fail)
+    outcome: dict[str, Any] = {"code": None, "error": None}
     try:
         trainer.fit(model, ckpt_path="last" if resume else None)
     except SIGTERMException as stop:
         outcome["code"] = stop.code
+    except Exception as error:
+        outcome["error"] = f"{type(error).__name__}: {error}"
     loop = trainer.fit_loop.epoch_loop
     outcome.update(
         weights=weights(model),
