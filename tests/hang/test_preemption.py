@@ -181,6 +181,22 @@ def test_the_armed_stop_makes_exactly_stocks_broadcasts(rank_pools: Any, tmp_pat
     assert armed == stock and stock[0] >= BATCHES, (stock, armed)
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_ranks_configured_with_different_or_impossible_policies_raise_alike_at_set_up(
+    rank_pools: Any, tmp_path: Path
+) -> None:
+    pool = rank_pools(2)
+    args = (str(tmp_path), 1, "save_last")
+    differing = pool.run(f"{TASKS}:ours", (*args, "any"), (*args, "all"), timeout=120)
+    for outcome in differing:
+        assert outcome["error"].startswith("PolicyMismatchError"), outcome
+        assert "preemption_policy=AnyRank()" in outcome["error"] and "preemption_policy=AllRanks()" in outcome["error"]
+    impossible = pool.run(f"{TASKS}:ours", (*args, Quorum(3)), timeout=120)
+    assert [outcome["error"] for outcome in impossible] == [impossible[0]["error"]] * 2
+    assert "preemption_policy=Quorum(k=3): Quorum(k=3) can never be met" in impossible[0]["error"]
+
+
 def test_the_option_takes_vote_policies_and_refuses_the_rest() -> None:
     assert PolicyDDPStrategy().preemption_policy == resolve_preemption_policy("any")
     assert PolicyDDPStrategy(preemption_policy=Quorum(2)).preemption_policy == Quorum(2)
