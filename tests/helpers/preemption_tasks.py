@@ -18,10 +18,10 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
-from lightning.pytorch.strategies import DDPStrategy
+from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from lightning_ext import PerRankMetrics, PolicyDDPStrategy
+from lightning_ext import PerRankMetrics, PolicyDDPStrategy, PolicyModelParallelStrategy
 
 TRAIN_BATCHES = 5
 VAL_BATCHES = 2
@@ -98,6 +98,12 @@ class Model(L.LightningModule):
         if batch_idx == 0:
             self._maybe_signal("validation_step")
 
+    def configure_model(self) -> None:
+        if isinstance(self.trainer.strategy, ModelParallelStrategy) and not hasattr(self.layer.weight, "full_tensor"):
+            from torch.distributed.fsdp import fully_shard
+
+            fully_shard(self.layer, mesh=self.device_mesh["data_parallel"])  # FSDP2
+
     def train_dataloader(self) -> Resumable:
         return Resumable(100 + self.global_rank, TRAIN_BATCHES)
 
@@ -147,13 +153,29 @@ def _devices() -> int:
 
 
 def weights(model: Model) -> list[float]:
-    return [*model.layer.weight.detach().flatten().tolist(), *model.layer.bias.detach().tolist()]
+    """The layer's weight and bias (whole, also when FSDP2 shards them)."""
+    tensors = [parameter.detach() for parameter in (model.layer.weight, model.layer.bias)]
+    return [
+        value for tensor in tensors for value in getattr(tensor, "full_tensor", lambda t=tensor: t)().flatten().tolist()
+    ]
 
 
-def reference(root: str, accumulate: int) -> dict[str, Any]:
-    """The uninterrupted run with stock ``DDPStrategy``: final weights, steps, this rank's local loss per step."""
+def _strategy(kind: str, stock: bool, **options: Any) -> Any:
+    """``"ddp"`` or ``"model_parallel"`` (FSDP2, data parallel over every rank), stock or lightning-ext's."""
+    if kind == "model_parallel":
+        shape = {"data_parallel_size": _devices(), "tensor_parallel_size": 1}
+        return ModelParallelStrategy(**shape) if stock else PolicyModelParallelStrategy(**shape, **options)
+    return (
+        DDPStrategy(process_group_backend="gloo")
+        if stock
+        else PolicyDDPStrategy(process_group_backend="gloo", **options)
+    )
+
+
+def reference(root: str, accumulate: int, kind: str = "ddp") -> dict[str, Any]:
+    """The uninterrupted stock run: final weights, steps, this rank's local loss per step."""
     recorder = LossRecorder()
-    trainer = trainer_for(root, DDPStrategy(process_group_backend="gloo"), accumulate, "default", [recorder])
+    trainer = trainer_for(root, _strategy(kind, stock=True), accumulate, "default", [recorder])
     model = Model()
     trainer.fit(model)
     return {"weights": weights(model), "global_step": trainer.global_step, "losses": recorder.losses}
@@ -167,10 +189,12 @@ def ours(
     signals: dict[int, tuple[int, str]] | None = None,
     resume: bool = False,
     fail: tuple[int, int] | None = None,
+    kind: str = "ddp",
 ) -> dict[str, Any]:
-    """A run with ``PolicyDDPStrategy`` (per-rank rows on): signalled as ``signals`` says, or resumed from "last"."""
-    strategy = PolicyDDPStrategy(
-        process_group_backend="gloo",
+    """A run with lightning-ext's strategy (per-rank rows on): signalled as ``signals`` says, or resumed from "last"."""
+    strategy = _strategy(
+        kind,
+        stock=False,
         preemption_policy=policy,
         per_rank_metrics=PerRankMetrics(flush_every_n_rows=1000),  # rows stay buffered unless the stop flushes them
     )
