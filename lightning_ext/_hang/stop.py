@@ -85,6 +85,7 @@ class StopController:
         self.rank, self.world_size = watchdog.rank, watchdog.world_size
         self.trainer = watchdog.recorder.trainer
         self.decided = 0  # rank 0: the signal number every rank stops for, once decided (what it broadcasts)
+        self._signalled: dict[int, int] = {}  # rank 0's watchdog thread: each signalled rank's signal number
         self._reason = ""  # rank 0: why, for the stop message
         self._loop: Any = None
         if self.rank == 0:
@@ -106,6 +107,8 @@ class StopController:
             return
         loop.__dict__[_SEAM] = self._broadcast
         self._loop = loop
+        if self.rank == 0:  # the other ranks read it at a stop (popen: whether rank 0 is their parent)
+            self.watchdog.store.set("stop/parent", str(os.getpid()))  # type: ignore[attr-defined]
 
     def detach(self) -> None:
         """Give Lightning its broadcast back, and stop serving stop requests (teardown)."""
@@ -124,32 +127,31 @@ class StopController:
         if self._loop is None or number is None:
             return None
         try:
-            self.watchdog.store.set(f"stop/rank/{self.rank}", str(number))  # type: ignore[attr-defined]
-            self.watchdog.notify(0, _MAIL)
+            self.watchdog.notify(0, _MAIL, sender=str(self.rank), signal=str(number))
         except Exception:  # the store is gone (rank 0's process ended): nothing to coordinate with
             return None
         self.watchdog.recorder.signal = None  # a stop request: no later error on this rank may name it as the cause
         return _other_handlers
 
-    def _decide(self, store: Any) -> None:
-        """Rank 0's watchdog thread: tally the signalled ranks and decide under the policy (once)."""
+    def _decide(self, message: dict[str, str]) -> None:
+        """Rank 0's watchdog thread: tally the signalled ranks and decide under the policy (once).
+
+        No store round trip: under load, each one waits for the training thread to give up the GIL.
+        """
+        self._signalled.setdefault(int(message["sender"]), int(message["signal"]))
         if self.decided:
             return
+        signalled = self._signalled
+        tally = VoteTally(yes=len(signalled), world_size=self.world_size, rank_zero=0 in signalled)
+        who = ", ".join(f"rank {rank} received {signal.Signals(signalled[rank]).name}" for rank in sorted(signalled))
+        counted = f"preemption_policy {self.policy!r}: {tally.yes} of {tally.world_size} ranks signalled"
         try:
-            signalled = {
-                rank: int(store.get(f"stop/rank/{rank}"))
-                for rank in range(self.world_size)
-                if store.check([f"stop/rank/{rank}"])
-            }
-            tally = VoteTally(yes=len(signalled), world_size=self.world_size, rank_zero=0 in signalled)
-            who = ", ".join(f"rank {rank} received {signal.Signals(number).name}" for rank, number in signalled.items())
-            counted = f"preemption_policy {self.policy!r}: {tally.yes} of {tally.world_size} ranks signalled"
-            if not self.policy.decide(tally):
-                warnings.warn(f"lightning-ext: {who}; {counted}, not enough to stop: training goes on", stacklevel=1)
-                return
-            store.set("stop/parent", str(os.getpid()))  # before the decision: the other ranks read it at the stop
-        except Exception as error:  # a diagnostic-like path: never kill the watchdog thread
-            warnings.warn(f"lightning-ext: a stop request could not be read ({error}); training goes on", stacklevel=1)
+            stop = self.policy.decide(tally)
+        except Exception as error:  # a user's policy that fails must not end the watchdog thread
+            warnings.warn(f"lightning-ext: {counted}: the policy raised {error!r}; training goes on", stacklevel=1)
+            return
+        if not stop:
+            warnings.warn(f"lightning-ext: {who}; {counted}, not enough to stop: training goes on", stacklevel=1)
             return
         self._reason = f"{who} ({counted})"
         self.decided = signalled[min(signalled)]

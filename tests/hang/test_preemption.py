@@ -112,7 +112,10 @@ def test_a_signal_at_a_random_step_stops_every_rank_together_and_resumes_to_the_
     root = tmp_path_factory.mktemp("stop")
     signalled = range(world_size) if every_rank else [culprit % world_size]
     signals = {rank: (batch, phase) for rank in signalled}
-    stopped = pool.run(f"{TASKS}:ours", (str(root), accumulate, checkpoint), signals=signals, timeout=120)
+    # each step waits 20 ms without the GIL, as a real step's device work does: rank 0's watchdog thread, which takes
+    # the stop request, then gets the GIL at once (a pure-Python step of 5 ms can starve it for a few steps)
+    args = (str(root), accumulate, checkpoint)
+    stopped = pool.run(f"{TASKS}:ours", args, signals=signals, pause=0.02, timeout=120)
 
     codes = {outcome["code"] for outcome in stopped}
     at = {outcome["batches"] for outcome in stopped}

@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import os
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -62,8 +63,11 @@ class Resumable:
 class Model(L.LightningModule):
     """Sends itself SIGTERM at ``signals[rank] = (batch, phase)``: in that training batch or the validation after it."""
 
-    def __init__(self, signals: dict[int, tuple[int, str]] | None = None, fail: tuple[int, int] | None = None) -> None:
+    def __init__(
+        self, signals: dict[int, tuple[int, str]] | None = None, fail: tuple[int, int] | None = None, pause: float = 0.0
+    ) -> None:
         super().__init__()
+        self.pause = pause  # seconds each training step waits without the GIL, as a step's device work would
         torch.manual_seed(0)
         self.layer = torch.nn.Linear(3, 1)
         self.signals = signals or {}
@@ -88,6 +92,7 @@ class Model(L.LightningModule):
         self.log("mark", mark(self.global_rank, self.trainer.fit_loop.epoch_loop._batches_that_stepped))
         self.last_loss = float(loss.detach())
         self._maybe_signal("training_step")
+        time.sleep(self.pause)
         return loss
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
@@ -190,6 +195,7 @@ def ours(
     resume: bool = False,
     fail: tuple[int, int] | None = None,
     kind: str = "ddp",
+    pause: float = 0.0,
 ) -> dict[str, Any]:
     """A run with lightning-ext's strategy (per-rank rows on): signalled as ``signals`` says, or resumed from "last"."""
     strategy = _strategy(
@@ -199,7 +205,7 @@ def ours(
         per_rank_metrics=PerRankMetrics(flush_every_n_rows=1000),  # rows stay buffered unless the stop flushes them
     )
     trainer = trainer_for(root, strategy, accumulate, checkpoint, [])
-    model = Model(signals, fail)
+    model = Model(signals, fail, pause)
     outcome: dict[str, Any] = {"code": None, "error": None}
     try:
         trainer.fit(model, ckpt_path="last" if resume else None)
