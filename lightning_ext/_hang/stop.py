@@ -8,6 +8,7 @@ import signal
 import sys
 import time
 import warnings
+from collections.abc import Callable
 from types import FrameType
 from typing import Any, NoReturn
 
@@ -80,7 +81,7 @@ class StopController:
 
     """
 
-    def __init__(self, policy: VotePolicy, watchdog: Watchdog, flush: Any) -> None:
+    def __init__(self, policy: VotePolicy, watchdog: Watchdog, flush: Callable[[], None]) -> None:
         self.policy, self.watchdog, self._flush = policy, watchdog, flush
         self.rank, self.world_size = watchdog.rank, watchdog.world_size
         self.trainer = watchdog.recorder.trainer
