@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from lightning_ext._hang.sites import called_as, user_site
 
-__all__ = ["COUNTED", "Call", "Facts", "Progress", "Recorder", "make_call", "progress_of"]
+__all__ = ["COUNTED", "Call", "Facts", "Progress", "Recorder", "SignalConsumer", "make_call", "progress_of"]
 
 # the torch.distributed collectives whose calls are counted (point-to-point calls are not: they are not symmetric)
 COUNTED = (
@@ -160,7 +160,8 @@ class Recorder:
         )
         self._originals: dict[str, Callable[..., Any]] = {}
         self._signal_handlers: dict[int, _SignalNote] = {}
-        self.on_signal: Callable[[str, str], None] = _ignore  # set by the owner: what a signal means for the run
+        # set by the owner: what a signal means for the run; it may return what runs instead of the replaced handler
+        self.on_signal: Callable[[str, str], SignalConsumer | None] = _ignore
 
     def total(self) -> int:
         """Every counted collective call so far (part of each check's fingerprint: the ranks must agree on it)."""
@@ -265,18 +266,26 @@ class Recorder:
         return key
 
 
+# what runs in place of a replaced signal handler once the owner has taken the signal: (replaced, number, frame)
+SignalConsumer = Callable[[Any, int, FrameType | None], Any]
+
+
 class _SignalNote:
-    """A signal handler that notes the signal, calls the recorder's ``on_signal``, then runs the handler it replaced."""
+    """A signal handler that notes the signal, calls the recorder's ``on_signal``, then runs the handler it replaced
+    (or, once ``on_signal`` has returned a consumer, that consumer, for this signal and its repeats)."""
 
     def __init__(self, recorder: Recorder, name: str, previous: Any) -> None:
         self.recorder, self.name, self.previous = recorder, name, previous
+        self.consumer: SignalConsumer | None = None
 
     def __call__(self, number: int, frame: FrameType | None) -> Any:
         recorder = self.recorder
         if recorder.signal is None:
             progress = progress_of(recorder.trainer)
             recorder.signal = self.name + (f" in {progress.describe()}" if progress is not None else "")
-            recorder.on_signal(self.name, recorder.signal)  # may raise, instead of running the replaced handler
+            self.consumer = recorder.on_signal(self.name, recorder.signal)  # may raise instead
+        if self.consumer is not None:
+            return self.consumer(self.previous, number, frame)
         previous = self.previous
         if callable(previous):
             return previous(number, frame)
@@ -286,7 +295,7 @@ class _SignalNote:
         return None
 
 
-def _ignore(name: str, text: str) -> None:
+def _ignore(name: str, text: str) -> SignalConsumer | None:
     return None
 
 

@@ -11,12 +11,14 @@ from torch.nn.parallel import DistributedDataParallel
 
 from lightning_ext import _collective, errors
 from lightning_ext._hang import loaders, logs
-from lightning_ext._hang.facts import Recorder
+from lightning_ext._hang.facts import Recorder, SignalConsumer
 from lightning_ext._hang.lockstep import Lockstep, Point, raise_record, record_of
 from lightning_ext._hang.messages import signalled_message
 from lightning_ext._hang.sites import called_as
+from lightning_ext._hang.stop import StopController
 from lightning_ext._hang.watchdog import Watchdog
 from lightning_ext.errors import is_joint
+from lightning_ext.policies import VotePolicy
 
 __all__ = ["HangChecks", "HangGuard", "UnevenMode", "validate_options"]
 
@@ -42,13 +44,21 @@ class HangGuard:
         uneven_batches: ``"error"`` or ``"truncate"``.
         check_unsized_loaders: compare loaders without a length after every batch.
         flush: writes this rank's buffered per-rank rows (called before any error is raised).
+        preemption_policy: decides a coordinated stop when ranks receive SIGTERM (``None``: off).
 
     """
 
     def __init__(
-        self, mode: HangChecks, uneven_batches: UnevenMode, check_unsized_loaders: bool, flush: Callable[[], None]
+        self,
+        mode: HangChecks,
+        uneven_batches: UnevenMode,
+        check_unsized_loaders: bool,
+        flush: Callable[[], None],
+        preemption_policy: VotePolicy | None = None,
     ) -> None:
         self.mode = mode
+        self.preemption_policy = preemption_policy
+        self.preemption: StopController | None = None
         self.uneven_batches: UnevenMode = uneven_batches
         self.check_unsized_loaders = check_unsized_loaders
         self._flush = flush
@@ -63,6 +73,8 @@ class HangGuard:
         recorder.install()
         self.lockstep = Lockstep(channel, Watchdog(namespace, recorder), self._safe_flush)
         recorder.on_signal = self._on_signal
+        if self.preemption_policy is not None:
+            self.preemption = StopController(self.preemption_policy, self.lockstep.watchdog, self._safe_flush)
         logs.start(self.lockstep, trainer)
         loaders.start(loaders.LoaderChecks(self.lockstep, self.uneven_batches, self.check_unsized_loaders))
 
@@ -76,6 +88,9 @@ class HangGuard:
     def stop(self) -> None:
         """Stop the checks and the watchdog (teardown)."""
         lockstep, self.lockstep = self.lockstep, None
+        preemption, self.preemption = self.preemption, None
+        if preemption is not None:
+            preemption.detach()
         if lockstep is None:
             return
         logs.stop()
@@ -89,6 +104,8 @@ class HangGuard:
         """Note the signals this rank receives from now on (once Lightning has installed its handlers)."""
         if self.lockstep is not None:
             self.lockstep.recorder.watch_signals()
+        if self.preemption is not None:
+            self.preemption.attach()  # in a fit, the stop rides on Lightning's per-step broadcast
 
     def watch_backward_passes(self, strategy: Any) -> None:
         """Note when ``strategy``'s rank is in an autograd backward pass, and whether DDP all-reduces its gradients.
@@ -151,17 +168,19 @@ class HangGuard:
             raise_record(posted, cause=error)
         lockstep.watchdog.post(record_of(error, rank, joint=False, recorder=lockstep.recorder))
 
-    def _on_signal(self, name: str, text: str) -> None:
-        """On SIGTERM, end every rank with one ``RankSignalledError`` instead of running Lightning's handler.
+    def _on_signal(self, name: str, text: str) -> SignalConsumer | None:
+        """In a fit, request the coordinated stop (:mod:`~lightning_ext._hang.stop`); otherwise, on SIGTERM, end every
+        rank with one ``RankSignalledError`` instead of running Lightning's handler.
 
         Lightning's SIGTERM handler makes a collective call (a broadcast) on the signalled rank alone, which pairs with
         whatever collective the other ranks make next: the job hangs (Lightning #20806) or mixes up values. Here the
         first signalled rank's error is posted (the first post wins, so a signal to every rank still gives one
         message) and raised at once; the other ranks learn of it from their watchdogs.
         """
+        consumer = None if self.preemption is None else self.preemption.on_signal(name)
         lockstep = self.lockstep
-        if name != "SIGTERM" or lockstep is None:
-            return
+        if consumer is not None or name != "SIGTERM" or lockstep is None:
+            return consumer
         error = errors.RankSignalledError(signalled_message(lockstep.rank, text))
         lockstep.fail_alone(error)
 

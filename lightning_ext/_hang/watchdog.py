@@ -57,6 +57,8 @@ class Watchdog:
         self._thread_store = _collective.store_client(namespace)  # the watchdog thread's, so it never blocks ours
         self._posted: ErrorRecord | None = None
         self.on_error: Callable[[], None] = _nothing  # set by the owner: what to do when an error is posted
+        # set by owners: what the thread does with mail of another type (given the message)
+        self.handlers: dict[str, Callable[[dict[str, str]], None]] = {}
         self._thread = threading.Thread(target=self._serve, name=f"lightning-ext-watchdog-{self.rank}", daemon=True)
         self._thread.start()
         _LIVE.add(self)
@@ -131,6 +133,10 @@ class Watchdog:
         """The training thread's store client (under the run's namespace)."""
         return self._store
 
+    def notify(self, rank: int, kind: str, **fields: str) -> None:
+        """Mail ``rank``'s watchdog a message of ``kind`` with ``fields`` (served by its ``handlers[kind]``)."""
+        self._mail(rank, {"type": kind, **fields})
+
     def _mail(self, rank: int, message: dict[str, str]) -> None:
         number = self._store.add(f"mailbox/{rank}", 1)
         self._store.set(f"mail/{rank}/{number}", json.dumps(message))
@@ -156,6 +162,8 @@ class Watchdog:
                     if facts.inside is not None or facts.backward is not None:  # it waits for a rank that failed
                         _collective.abort_process_groups()
                 self.on_error()
+            elif message["type"] in self.handlers:
+                self.handlers[message["type"]](message)
 
 
 def _nothing() -> None:

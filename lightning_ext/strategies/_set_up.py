@@ -59,9 +59,12 @@ def agree(
     return Agreement(everyone[0]["namespace"], everyone[0]["log_dir"], everyone[0]["record_dir"])
 
 
-def invalid_policies(checkpoint: DecisionPolicy, early_stopping: DecisionPolicy, world_size: int) -> str | None:
+def invalid_policies(
+    checkpoint: DecisionPolicy, early_stopping: DecisionPolicy, preemption: DecisionPolicy | None, world_size: int
+) -> str | None:
     """What is wrong with the policies at this world size (checked locally, reported after the gather)."""
-    for name, policy in (("checkpoint_policy", checkpoint), ("early_stopping_policy", early_stopping)):
+    named = [("checkpoint_policy", checkpoint), ("early_stopping_policy", early_stopping)]
+    for name, policy in named + ([("preemption_policy", preemption)] if preemption is not None else []):
         try:
             policy.validate(world_size)
         except ValueError as error:
@@ -79,7 +82,7 @@ def _validate(everyone: list[dict[str, Any]]) -> None:
         listing = "; ".join(
             f"rank {rank}: checkpoint_policy={theirs['options'][0]}, early_stopping_policy={theirs['options'][1]},"
             f" per_rank_metrics={theirs['options'][2]}, hang checks={theirs['options'][3]},"
-            f" decision_record={theirs['options'][4]}"
+            f" decision_record={theirs['options'][4]}, preemption_policy={theirs['options'][5]}"
             for rank, theirs in enumerate(everyone)
         )
         raise PolicyMismatchError(f"The strategy is configured differently on different ranks: {listing}")

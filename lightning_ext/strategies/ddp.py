@@ -31,7 +31,7 @@ class PolicyDDPStrategy(PolicyStrategyMixin, DDPStrategy):
     Takes every :class:`~lightning.pytorch.strategies.DDPStrategy` argument, plus the keyword-only options of
     :class:`~lightning_ext.PolicyStrategyMixin`: ``checkpoint_policy`` (default ``"all"``, as stock),
     ``early_stopping_policy`` (default ``"any"``, as stock), ``per_rank_metrics``, and the hang checks
-    (``hang_checks``, ``uneven_batches``, ``check_unsized_loaders``) and ``decision_record``.
+    (``hang_checks``, ``uneven_batches``, ``check_unsized_loaders``), ``decision_record`` and ``preemption_policy``.
 
     A policy is a name from :func:`~lightning_ext.available_policies` or a :class:`~lightning_ext.DecisionPolicy`
     object such as ``Quorum(2)``. Whatever the policy, every rank ends each decision with the same decision, the same
@@ -69,6 +69,7 @@ class PolicyDDPStrategy(PolicyStrategyMixin, DDPStrategy):
         uneven_batches: UnevenMode = "error",
         check_unsized_loaders: bool = False,
         decision_record: bool = True,
+        preemption_policy: PolicyLike | None = "any",
         **kwargs: Any,
     ) -> None:
         super().__init__(
@@ -91,6 +92,7 @@ class PolicyDDPStrategy(PolicyStrategyMixin, DDPStrategy):
             uneven_batches=uneven_batches,
             check_unsized_loaders=check_unsized_loaders,
             decision_record=decision_record,
+            preemption_policy=preemption_policy,
             **kwargs,
         )
 

@@ -102,6 +102,7 @@ class PolicyDeepSpeedStrategy(PolicyStrategyMixin, DeepSpeedStrategy):
         uneven_batches: UnevenMode = "error",
         check_unsized_loaders: bool = False,
         decision_record: bool = True,
+        preemption_policy: PolicyLike | None = "any",
     ) -> None:
         require_deepspeed()
         super().__init__(
@@ -158,6 +159,7 @@ class PolicyDeepSpeedStrategy(PolicyStrategyMixin, DeepSpeedStrategy):
             uneven_batches=uneven_batches,
             check_unsized_loaders=check_unsized_loaders,
             decision_record=decision_record,
+            preemption_policy=preemption_policy,
         )
 
     @classmethod

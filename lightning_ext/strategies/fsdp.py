@@ -71,6 +71,7 @@ class PolicyFSDPStrategy(PolicyStrategyMixin, FSDPStrategy):
         uneven_batches: UnevenMode = "error",
         check_unsized_loaders: bool = False,
         decision_record: bool = True,
+        preemption_policy: PolicyLike | None = "any",
         **kwargs: Any,
     ) -> None:
         super().__init__(
@@ -96,6 +97,7 @@ class PolicyFSDPStrategy(PolicyStrategyMixin, FSDPStrategy):
             uneven_batches=uneven_batches,
             check_unsized_loaders=check_unsized_loaders,
             decision_record=decision_record,
+            preemption_policy=preemption_policy,
             **kwargs,
         )
 

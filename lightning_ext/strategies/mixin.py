@@ -12,6 +12,7 @@ from lightning_ext import _collective
 from lightning_ext._collective import RankGroup
 from lightning_ext._decisions import checkpoint, early_stopping
 from lightning_ext._hang.guard import HangChecks, HangGuard, UnevenMode, validate_options
+from lightning_ext._hang.stop import resolve_preemption_policy
 from lightning_ext._packages.choice import Package, check_one_package, package_of, strategy_for_other_package
 from lightning_ext._per_rank import local_values
 from lightning_ext._per_rank.decision_file import DecisionFile
@@ -62,6 +63,9 @@ class PolicyStrategyMixin(_Strategy):
         check_unsized_loaders: compare loaders without a length after every batch (one small check per step).
         decision_record: ``True`` (default): with a logger, rank 0 records every decision, every rank's value and vote
             and why, in ``<log_dir>/decisions.csv`` (``docs/decision-record.md``); ``False``: no record.
+        preemption_policy: when SIGTERM (or Lightning's SLURM requeue signal) on some ranks stops every rank at the
+            same step, with a checkpoint (docs/stalls-and-preemption.md). Default ``"any"``: one signalled rank is
+            enough; ``"all"``, ``"majority"``, ``"rank_zero"``, a ``VotePolicy``; ``None``: ``RankSignalledError``.
 
     Raises:
         TypeError: at construction, the class is not a ``ParallelStrategy``, or it overrides
@@ -92,12 +96,14 @@ class PolicyStrategyMixin(_Strategy):
         uneven_batches: UnevenMode = "error",
         check_unsized_loaders: bool = False,
         decision_record: bool = True,
+        preemption_policy: PolicyLike | None = "any",
         **kwargs: Any,
     ) -> None:
         check_base(type(self), PolicyStrategyMixin)
         if not isinstance(decision_record, bool):
             raise TypeError(f"decision_record must be True or False, got {decision_record!r}")
         validate_options(hang_checks, uneven_batches, check_unsized_loaders)
+        preemption = resolve_preemption_policy(preemption_policy)
         _runtime.install()
         if not _runtime.seams_available():
             raise RuntimeError(
@@ -115,7 +121,9 @@ class PolicyStrategyMixin(_Strategy):
         self.rank_metrics_logger: RankCSVLogger | None = None
         self._telemetry: Telemetry | None = None
         self._step_timer: StepTimer | None = None  # times the phases below while telemetry is on
-        self._hang_guard = HangGuard(hang_checks, uneven_batches, check_unsized_loaders, self._flush_rank_files)
+        self._hang_guard = HangGuard(
+            hang_checks, uneven_batches, check_unsized_loaders, self._flush_rank_files, preemption
+        )
         self._decision_record = decision_record
         self.decision_file: DecisionFile | None = None  # rank 0's record, during a run
 
@@ -138,6 +146,11 @@ class PolicyStrategyMixin(_Strategy):
     def hang_checks(self) -> HangChecks:
         """Whether the hang checks are on (``True``), off (``False``), or in ``"debug"`` mode."""
         return self._hang_guard.mode
+
+    @property
+    def preemption_policy(self) -> DecisionPolicy | None:
+        """The policy that decides a coordinated stop on preemption signals, or ``None`` (off)."""
+        return self._hang_guard.preemption_policy
 
     @property
     def uneven_batches(self) -> UnevenMode:
@@ -319,8 +332,10 @@ class PolicyStrategyMixin(_Strategy):
             repr(self._per_rank_metrics),
             repr((guard.mode, guard.uneven_batches, guard.check_unsized_loaders)),
             repr(self._decision_record),
+            repr(guard.preemption_policy),
         )
-        invalid = invalid_policies(self._checkpoint_policy, self._early_stopping_policy, self.world_size)
+        policies = (self._checkpoint_policy, self._early_stopping_policy, guard.preemption_policy)
+        invalid = invalid_policies(*policies, world_size=self.world_size)
         trainer, ranks = self._trainer(), RankGroup.from_strategy(self)
         agreed = agree(trainer, ranks, options, invalid, self._per_rank_metrics is not None, self._decision_record)
         self._run_log_dir = agreed.log_dir

@@ -44,6 +44,7 @@ class PolicyModelParallelStrategy(PolicyStrategyMixin, ModelParallelStrategy):
         uneven_batches: UnevenMode = "error",
         check_unsized_loaders: bool = False,
         decision_record: bool = True,
+        preemption_policy: PolicyLike | None = "any",
     ) -> None:
         super().__init__(
             data_parallel_size=data_parallel_size,
@@ -58,4 +59,5 @@ class PolicyModelParallelStrategy(PolicyStrategyMixin, ModelParallelStrategy):
             uneven_batches=uneven_batches,
             check_unsized_loaders=check_unsized_loaders,
             decision_record=decision_record,
+            preemption_policy=preemption_policy,
         )

@@ -86,7 +86,7 @@ EXPECTED: dict[str, tuple[str, str, tuple[str, ...], int]] = {
         4,
     ),
     "sigterm_on_one_rank": (  # as a preemption notice to one rank: Lightning's handler would hang the job
-        "ours",
+        "no_stop",  # without the coordinated stop (preemption_policy=None)
         "RankSignalledError",
         ("Rank 1 received SIGTERM in training of epoch 0", "send it to every rank"),
         2,

@@ -48,6 +48,7 @@ MIXIN_OPTIONS = {
     "uneven_batches": "error",
     "check_unsized_loaders": False,
     "decision_record": True,
+    "preemption_policy": "any",
 }
 PAIRS = [
     (PolicyDDPStrategy, DDPStrategy),

@@ -1,0 +1,229 @@
+"""The coordinated stop on preemption: a signal on any rank stops every rank at the same training step."""
+
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from types import FrameType
+from typing import Any, NoReturn
+
+import torch
+from lightning.fabric.plugins.environments.slurm import SLURMEnvironment
+from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+from lightning_ext._hang import stop_checkpoint
+from lightning_ext._hang.facts import SignalConsumer
+from lightning_ext._hang.watchdog import Watchdog
+from lightning_ext.errors import mark_joint
+from lightning_ext.policies import PolicyLike, VotePolicy, VoteTally, resolve_policy
+
+__all__ = ["StopController", "resolve_preemption_policy"]
+
+_MAIL = "preempt"  # the watchdog mail a signalled rank sends rank 0
+_SEAM = "_broadcast_sigterm_tensor"  # Lightning's per-step broadcast of rank 0's SIGTERM flag
+_PARENT_WAIT = 10.0  # seconds a popen child waits at exit for rank 0 (its parent) to exit first
+# Lightning's own handlers that the stop replaces: the SIGTERM one broadcasts on the signalled rank alone, the SLURM
+# one saves a checkpoint (a collective) wherever the signal lands; the stop runs the latter at the agreed step
+_REPLACED = ("_sigterm_notifier_fn", "_slurm_sigusr_handler_fn")
+
+
+def resolve_preemption_policy(policy: PolicyLike | None) -> VotePolicy | None:
+    """The vote policy that decides a coordinated stop, or ``None`` (off).
+
+    Args:
+        policy: ``"any"``, ``"all"``, ``"majority"``, ``"rank_zero"``, a :class:`~lightning_ext.policies.VotePolicy`
+            such as ``Quorum(2)``, or ``None``.
+
+    Raises:
+        ValueError: an aggregate policy (``"mean"``, ``"min"``, ``"max"``): there is no value to reduce, each rank
+            only says whether it was signalled; or an unknown name.
+        TypeError: neither a name, a policy nor ``None``.
+
+    Example:
+        >>> resolve_preemption_policy("all")
+        AllRanks()
+        >>> resolve_preemption_policy(None) is None
+        True
+        >>> resolve_preemption_policy("mean")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        ValueError: preemption_policy='mean' is an aggregate policy; ...
+
+    """
+    if policy is None:
+        return None
+    resolved = resolve_policy(policy)
+    if not isinstance(resolved, VotePolicy):
+        raise ValueError(
+            f"preemption_policy={policy!r} is an aggregate policy; a stop is decided by a vote of the signalled ranks:"
+            " use 'any' (the default), 'all', 'majority', 'rank_zero', a VotePolicy such as Quorum(k), or None (off)"
+        )
+    return resolved
+
+
+class StopController:
+    """One rank's part in a coordinated stop during a fit.
+
+    A signalled rank mails rank 0's watchdog; rank 0 decides under the policy; rank 0's decision rides on Lightning's
+    own per-step broadcast (``_broadcast_sigterm_tensor``, shadowed on the epoch loop for the fit), so every rank reads
+    it from the same call and stops before the same training step: no collective added, none changed.
+
+    Args:
+        policy: the vote policy that decides from the ranks signalled so far.
+        watchdog: this rank's watchdog (its mail reaches rank 0; its recorder has the trainer).
+        flush: writes this rank's buffered per-rank rows.
+
+    """
+
+    def __init__(self, policy: VotePolicy, watchdog: Watchdog, flush: Callable[[], None]) -> None:
+        self.policy, self.watchdog, self._flush = policy, watchdog, flush
+        self.rank, self.world_size = watchdog.rank, watchdog.world_size
+        self.trainer = watchdog.recorder.trainer
+        self.decided = 0  # rank 0: the signal number every rank stops for, once decided (what it broadcasts)
+        self._signalled: dict[int, int] = {}  # rank 0's watchdog thread: each signalled rank's signal number
+        self._reason = ""  # rank 0: why, for the stop message
+        self._loop: Any = None
+        if self.rank == 0:
+            watchdog.handlers[_MAIL] = self._decide
+
+    def attach(self) -> None:
+        """Take over Lightning's per-step broadcast for this fit (idempotent; nothing for other stages)."""
+        trainer = self.trainer
+        if self._loop is not None or trainer is None or trainer.state.fn != TrainerFn.FITTING:
+            return
+        loop = trainer.fit_loop.epoch_loop
+        if not callable(getattr(type(loop), _SEAM, None)):
+            warnings.warn(
+                f"lightning-ext: this Lightning has no {type(loop).__name__}.{_SEAM}; a SIGTERM on one rank ends every"
+                " rank with RankSignalledError, without a checkpoint (the coordinated stop needs that broadcast)",
+                UserWarning,
+                stacklevel=1,
+            )
+            return
+        loop.__dict__[_SEAM] = self._broadcast
+        self._loop = loop
+        if self.rank == 0:  # the other ranks read it at a stop (popen: whether rank 0 is their parent)
+            self.watchdog.store.set("stop/parent", str(os.getpid()))  # type: ignore[attr-defined]
+
+    def detach(self) -> None:
+        """Give Lightning its broadcast back, and stop serving stop requests (teardown)."""
+        loop, self._loop = self._loop, None
+        if loop is not None and loop.__dict__.get(_SEAM) == self._broadcast:
+            del loop.__dict__[_SEAM]
+        self.watchdog.handlers.pop(_MAIL, None)
+
+    def on_signal(self, name: str) -> SignalConsumer | None:
+        """Ask rank 0 for a stop (in the signal handler); return what runs instead of Lightning's handler.
+
+        ``None`` when this signal does not request a stop here (not fitting, not a preemption signal, or rank 0 cannot
+        be reached): the caller then ends the run as before.
+        """
+        number = _stop_signal(name, self.trainer)
+        if self._loop is None or number is None:
+            return None
+        try:
+            self.watchdog.notify(0, _MAIL, sender=str(self.rank), signal=str(number))
+        except Exception:  # the store is gone (rank 0's process ended): nothing to coordinate with
+            return None
+        self.watchdog.recorder.signal = None  # a stop request: no later error on this rank may name it as the cause
+        return _other_handlers
+
+    def _decide(self, message: dict[str, str]) -> None:
+        """Rank 0's watchdog thread: tally the signalled ranks and decide under the policy (once).
+
+        No store round trip: under load, each one waits for the training thread to give up the GIL.
+        """
+        self._signalled.setdefault(int(message["sender"]), int(message["signal"]))
+        if self.decided:
+            return
+        signalled = self._signalled
+        tally = VoteTally(yes=len(signalled), world_size=self.world_size, rank_zero=0 in signalled)
+        who = ", ".join(f"rank {rank} received {signal.Signals(signalled[rank]).name}" for rank in sorted(signalled))
+        counted = f"preemption_policy {self.policy!r}: {tally.yes} of {tally.world_size} ranks signalled"
+        try:
+            stop = self.policy.decide(tally)
+        except Exception as error:  # a user's policy that fails must not end the watchdog thread
+            warnings.warn(f"lightning-ext: {counted}: the policy raised {error!r}; training goes on", stacklevel=1)
+            return
+        if not stop:
+            warnings.warn(f"lightning-ext: {who}; {counted}, not enough to stop: training goes on", stacklevel=1)
+            return
+        self._reason = f"{who} ({counted})"
+        self.decided = signalled[min(signalled)]
+
+    def _broadcast(self) -> None:
+        """Lightning's ``_broadcast_sigterm_tensor`` (same tensor, same broadcast), carrying rank 0's decision."""
+        device = self.trainer.strategy.root_device
+        try:
+            flag = torch.tensor([self.decided if self.rank == 0 else 0], device=device)
+            torch.distributed.broadcast(flag, src=0)
+        except Exception:  # as stock: a broadcast that fails does not stop the run here
+            flag = torch.tensor([0], device=device)
+        number = int(flag.item())
+        if number and not self._loop._should_accumulate():  # the last batch ended its accumulation window
+            self._stop(number)
+
+    def _stop(self, number: int) -> NoReturn:
+        """Every rank, before the same training step: flush, checkpoint, tell, raise ``SIGTERMException``."""
+        trainer = self.trainer
+        if number == signal.SIGTERM:
+            trainer._signal_connector.received_sigterm = True  # what user code and callbacks see under stock
+        self._flush()
+        loop = self._loop
+        batch, epoch = loop.batch_progress.total.ready, trainer.current_epoch
+        path, resume = stop_checkpoint.save(trainer, number)
+        if self.rank == 0:
+            print(
+                f"lightning-ext: stopped every rank before training batch {batch} (epoch {epoch}): {self._reason};"
+                f" checkpoint {path}; {resume}",
+                file=sys.stderr,
+                flush=True,
+            )
+        else:
+            self._outlive_no_parent()
+        raise mark_joint(SIGTERMException(128 + number))
+
+    def _outlive_no_parent(self) -> None:
+        """Under Lightning's popen launcher, exit after rank 0 (the parent), so it does not kill itself with SIGKILL.
+
+        Its child-process observer SIGKILLs rank 0 and every child when a child exits non-zero: this rank's 143
+        would turn rank 0's into 137.
+        """
+        try:
+            parent = int(self.watchdog.store.get("stop/parent"))  # type: ignore[attr-defined]
+        except Exception:
+            return
+        if parent == os.getppid():
+            atexit.register(_wait_while_parent, parent, _PARENT_WAIT)
+
+
+def _stop_signal(name: str, trainer: Any) -> int | None:
+    """The signal number if ``name`` requests a stop: SIGTERM, or Lightning's SLURM requeue signal where it requeues."""
+    if name == "SIGTERM":
+        return int(signal.SIGTERM)
+    environment = getattr(getattr(trainer, "_accelerator_connector", None), "cluster_environment", None)
+    if isinstance(environment, SLURMEnvironment) and environment.auto_requeue:
+        requeue = environment.requeue_signal
+        if requeue is not None and signal.Signals(requeue).name == name:
+            return int(requeue)
+    return None
+
+
+def _other_handlers(replaced: Any, number: int, frame: FrameType | None) -> None:
+    """Run the handlers ``replaced`` holds (the user's, inside Lightning's compose), except Lightning's own."""
+    handlers = getattr(replaced, "signal_handlers", [replaced])
+    for handler in handlers:
+        if callable(handler) and getattr(handler, "__name__", "") not in _REPLACED:
+            handler(number, frame)
+
+
+def _wait_while_parent(parent: int, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while os.getppid() == parent and time.monotonic() < deadline:
+        time.sleep(0.05)
