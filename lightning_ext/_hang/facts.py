@@ -8,6 +8,7 @@ import inspect
 import signal
 import sys
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -151,8 +152,11 @@ class Recorder:
         self.backwards = 0
         self.signal: str | None = None
         self.recent: deque[Call] = deque(maxlen=8)
-        self._inside: tuple[str, int, str, FrameType, Call | None] | None = None
+        self._inside: tuple[str, int, str, FrameType, Call | None, float] | None = None
         self._backward: int | None = None
+        self._backward_since = 0.0
+        self.check_since = 0.0  # when the training thread entered the check it is in (``check``)
+        self._busy = 0  # checkpoint writes and loads under way
         self._groups: dict[int, tuple[Any, str]] = {}
         self._depth = 0
         self.checked = (
@@ -220,18 +224,48 @@ class Recorder:
             yield
             return
         self._backward = self.backwards + 1
+        self._backward_since = time.monotonic()
         try:
             yield
         finally:
             self._backward = None
         self.backwards += 1
 
+    @contextlib.contextmanager
+    def busy(self) -> Iterator[None]:
+        """Within the block, this rank writes or loads a checkpoint: work that is progress however long it takes."""
+        self._busy += 1
+        try:
+            yield
+        finally:
+            self._busy -= 1
+
+    def is_busy(self) -> bool:
+        """Whether a checkpoint write or load is under way (read by the stall monitor)."""
+        return self._busy > 0
+
+    def waiting(self) -> tuple[str, float] | None:
+        """What the training thread waits in now, and since when (``time.monotonic()``), or ``None``.
+
+        ``("collective", t)``: inside a counted collective call; ``("check", t)``: inside a lightning-ext check;
+        ``("backward", t)``: inside a backward pass whose gradients DDP all-reduces (a wait only while another rank
+        has not started it, which only the other ranks' facts can tell).
+        """
+        inside = self._inside
+        if inside is not None:
+            return ("collective", inside[5])
+        if self.check is not None:
+            return ("check", self.check_since)
+        if self._backward is not None:
+            return ("backward", self._backward_since)
+        return None
+
     def snapshot(self) -> Facts:
         """This rank's facts now (called by the watchdog thread, or by the training thread on an error path)."""
         inside = self._inside
         call = None
         if inside is not None:
-            group, index, name, caller, call = inside
+            group, index, name, caller, call, _ = inside
             call = call or make_call(group, index, name, caller)
         frame = sys._current_frames().get(self.thread)
         return Facts(
@@ -316,7 +350,7 @@ def _counted(function: Callable[..., Any], name: str) -> Callable[..., Any]:
             call = make_call(key, index, name, caller)
             recorder.recent.append(call)
         recorder._depth += 1
-        recorder._inside = (key, index, name, caller, call)
+        recorder._inside = (key, index, name, caller, call, time.monotonic())
         try:
             return function(*args, **kwargs)
         finally:

@@ -1,4 +1,4 @@
-"""``HangGuard``: the hang checks of one rank during one run, started at set-up and stopped at teardown."""
+"""``HangGuard``: the hang checks and the stall report of one rank during one run, from set-up to teardown."""
 
 import contextlib
 import sys
@@ -10,7 +10,7 @@ from torch import Tensor
 from torch.nn.parallel import DistributedDataParallel
 
 from lightning_ext import _collective, errors
-from lightning_ext._hang import loaders, logs
+from lightning_ext._hang import loaders, logs, stall
 from lightning_ext._hang.facts import Recorder
 from lightning_ext._hang.lockstep import Lockstep, Point, raise_record, record_of
 from lightning_ext._hang.messages import signalled_message
@@ -42,29 +42,51 @@ class HangGuard:
         uneven_batches: ``"error"`` or ``"truncate"``.
         check_unsized_loaders: compare loaders without a length after every batch.
         flush: writes this rank's buffered per-rank rows (called before any error is raised).
+        stall_options: the stall report's options.
 
     """
 
     def __init__(
-        self, mode: HangChecks, uneven_batches: UnevenMode, check_unsized_loaders: bool, flush: Callable[[], None]
+        self,
+        mode: HangChecks,
+        uneven_batches: UnevenMode,
+        check_unsized_loaders: bool,
+        flush: Callable[[], None],
+        stall_options: stall.StallOptions,
     ) -> None:
         self.mode = mode
         self.uneven_batches: UnevenMode = uneven_batches
         self.check_unsized_loaders = check_unsized_loaders
+        self.stall_options = stall_options
         self._flush = flush
+        self.recorder: Recorder | None = None
+        self.watchdog: Watchdog | None = None
         self.lockstep: Lockstep | None = None
+        self.monitor: stall.StallMonitor | None = None
 
-    def start(self, rank: int, world_size: int, namespace: str, trainer: Any) -> None:
-        """Create the check group and the watchdog (every rank, at set-up, after the process group exists)."""
-        if not self.mode or world_size < 2 or not _collective.is_initialized():
+    def start(
+        self, rank: int, world_size: int, namespace: str, trainer: Any, peers: list[tuple[int, str, str | None]]
+    ) -> None:
+        """Start the checks and the stall monitor, where on (every rank, at set-up, after the process group exists).
+
+        ``peers``: every rank's :func:`stall.introduction`, exchanged at set-up.
+        """
+        wanted = self.mode or self.stall_options.stall_timeout is not None
+        if not wanted or world_size < 2 or not _collective.is_initialized():
             return
-        recorder = Recorder(rank, world_size, trainer)
-        channel = _collective.CheckChannel(namespace, rank, world_size)
+        recorder = self.recorder = Recorder(rank, world_size, trainer)
         recorder.install()
-        self.lockstep = Lockstep(channel, Watchdog(namespace, recorder), self._safe_flush)
-        recorder.on_signal = self._on_signal
-        logs.start(self.lockstep, trainer)
-        loaders.start(loaders.LoaderChecks(self.lockstep, self.uneven_batches, self.check_unsized_loaders))
+        watchdog = self.watchdog = Watchdog(namespace, recorder)
+        if self.mode:
+            channel = _collective.CheckChannel(namespace, rank, world_size)
+            self.lockstep = Lockstep(channel, watchdog, self._safe_flush)
+            recorder.on_signal = self._on_signal
+            logs.start(self.lockstep, trainer)
+            loaders.start(loaders.LoaderChecks(self.lockstep, self.uneven_batches, self.check_unsized_loaders))
+        self.monitor = stall.start(self.stall_options, recorder, watchdog, namespace, peers, self._safe_flush)
+        if self.monitor is not None:
+            watchdog.on_error = self._on_posted
+            _watch_checkpoints(trainer, recorder)
 
     def finish(self, trainer: Any) -> None:
         """A last check when a fit/validate/test ends normally: every rank must end it, not wait at another check."""
@@ -74,16 +96,22 @@ class HangGuard:
         self.lockstep.require(Point("end", ("end", stage), f"the end of {stage} (this rank finished)"))
 
     def stop(self) -> None:
-        """Stop the checks and the watchdog (teardown)."""
-        lockstep, self.lockstep = self.lockstep, None
-        if lockstep is None:
+        """Stop the checks, the stall monitor and the watchdog (teardown)."""
+        recorder, watchdog, lockstep, monitor = self.recorder, self.watchdog, self.lockstep, self.monitor
+        self.recorder = self.watchdog = self.lockstep = self.monitor = None
+        if recorder is None or watchdog is None:
             return
-        logs.stop()
-        loaders.stop()
-        lockstep.recorder.uninstall()
+        if monitor is not None:
+            monitor.stop()
+            _unwatch_checkpoints(recorder.trainer)
+        if lockstep is not None:
+            logs.stop()
+            loaders.stop()
+        recorder.uninstall()
         with contextlib.suppress(Exception):
-            lockstep.watchdog.stop()
-        lockstep.close()
+            watchdog.stop()
+        if lockstep is not None:
+            lockstep.close()
 
     def watch_signals(self) -> None:
         """Note the signals this rank receives from now on (once Lightning has installed its handlers)."""
@@ -98,9 +126,9 @@ class HangGuard:
         off within ``no_sync``, when gradients accumulate); under other strategies the pass is not reported.
         """
         plugin = strategy.precision_plugin
-        if self.lockstep is None or "backward" in plugin.__dict__:
+        if self.recorder is None or "backward" in plugin.__dict__:
             return
-        backward, recorder = plugin.backward, self.lockstep.recorder
+        backward, recorder = plugin.backward, self.recorder
 
         def watched_backward(*args: Any, **kwargs: Any) -> Any:
             model = strategy.model
@@ -143,6 +171,10 @@ class HangGuard:
         ranks blocked in collectives with this one learn why; the caller then re-raises it here.
         """
         self._safe_flush()
+        if self.monitor is not None:
+            stalled = self.monitor.on_failure(error)
+            if stalled is not None:  # a stall was (or is now) established: what this rank raised is its consequence
+                raise_record(stalled, cause=error)
         lockstep = self.lockstep
         if lockstep is None or is_joint(error):
             return
@@ -165,9 +197,43 @@ class HangGuard:
         error = errors.RankSignalledError(signalled_message(lockstep.rank, text))
         lockstep.fail_alone(error)
 
+    def _on_posted(self) -> None:
+        """An error was posted (the watchdog thread): join the pending checks; a stall also ends this rank."""
+        if self.lockstep is not None:
+            self.lockstep.complete_pending()
+        if self.monitor is not None:
+            self.monitor.on_error()
+
     def _safe_flush(self) -> None:
         with contextlib.suppress(Exception):  # a diagnostic must never stand in the way of the real error
             self._flush()
+
+
+def _watch_checkpoints(trainer: Any, recorder: Recorder) -> None:
+    """Mark the strategy's checkpoint writes and loads as progress for the stall monitor, however long they take.
+
+    Instance attributes over the strategy's own methods (whatever class implements them), removed at teardown.
+    """
+    strategy = getattr(trainer, "strategy", None)
+    if strategy is None:
+        return
+    for name in ("save_checkpoint", "load_checkpoint"):
+        vars(strategy)[name] = _busy(getattr(strategy, name), recorder)
+
+
+def _unwatch_checkpoints(trainer: Any) -> None:
+    strategy = getattr(trainer, "strategy", None)
+    if strategy is not None:
+        for name in ("save_checkpoint", "load_checkpoint"):
+            vars(strategy).pop(name, None)
+
+
+def _busy(method: Callable[..., Any], recorder: Recorder) -> Callable[..., Any]:
+    def busy(*args: Any, **kwargs: Any) -> Any:
+        with recorder.busy():
+            return method(*args, **kwargs)
+
+    return busy
 
 
 def _called_as(frame: Any) -> str:

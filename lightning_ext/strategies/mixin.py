@@ -1,4 +1,4 @@
-"""``PolicyStrategyMixin``: the policies, per-rank metrics and hang checks for any Lightning ``ParallelStrategy``."""
+"""``PolicyStrategyMixin``: policies, per-rank metrics, hang checks and the stall report for a ``ParallelStrategy``."""
 
 import inspect
 import uuid
@@ -12,6 +12,7 @@ from lightning_ext import _collective
 from lightning_ext._collective import RankGroup, all_gather_objects
 from lightning_ext._decisions import checkpoint, early_stopping
 from lightning_ext._hang.guard import HangChecks, HangGuard, UnevenMode, validate_options
+from lightning_ext._hang.stall import OnStall, StallOptions, introduction
 from lightning_ext._per_rank import local_values
 from lightning_ext._per_rank.logger import RankCSVLogger, loggers_for
 from lightning_ext.errors import PolicyMismatchError, mark_joint
@@ -46,6 +47,10 @@ class PolicyStrategyMixin(_Strategy):
         uneven_batches: ``"error"`` (default) or ``"truncate"``: what to do when the ranks' dataloaders have
             different numbers of batches in an epoch.
         check_unsized_loaders: compare loaders without a length after every batch (one small check per step).
+        stall_timeout: seconds a rank may wait for the others while no rank makes progress before every rank writes
+            the stall report (``<log_dir>/stall_report.txt``) and the run ends with ``StallError``; ``"auto"``
+            (default) reports shortly before the process group's timeout and ends the run only at it; ``None``: off.
+        on_stall: ``"error"`` (default) or ``"report"`` (write the report, keep waiting).
 
     Raises:
         TypeError: at construction, the class is not a ``ParallelStrategy``, or it overrides
@@ -68,10 +73,13 @@ class PolicyStrategyMixin(_Strategy):
         hang_checks: HangChecks = True,
         uneven_batches: UnevenMode = "error",
         check_unsized_loaders: bool = False,
+        stall_timeout: float | str | None = "auto",
+        on_stall: OnStall = "error",
         **kwargs: Any,
     ) -> None:
         _check_base(type(self))
         validate_options(hang_checks, uneven_batches, check_unsized_loaders)
+        stall_options = StallOptions(stall_timeout, on_stall)  # raises on a bad option
         _runtime.install()
         if not _runtime.seams_available():
             raise RuntimeError(
@@ -87,7 +95,9 @@ class PolicyStrategyMixin(_Strategy):
         self._per_rank_metrics = PerRankMetrics() if per_rank_metrics is True else (per_rank_metrics or None)
         self._run_log_dir: str | None = None
         self.rank_metrics_logger: RankCSVLogger | None = None
-        self._hang_guard = HangGuard(hang_checks, uneven_batches, check_unsized_loaders, self._flush_rank_files)
+        self._hang_guard = HangGuard(
+            hang_checks, uneven_batches, check_unsized_loaders, self._flush_rank_files, stall_options
+        )
 
     @property
     def checkpoint_policy(self) -> DecisionPolicy:
@@ -114,6 +124,11 @@ class PolicyStrategyMixin(_Strategy):
         """What happens when the ranks' dataloaders have different numbers of batches: ``"error"`` or ``"truncate"``."""
         return self._hang_guard.uneven_batches
 
+    @property
+    def stall_options(self) -> StallOptions:
+        """The stall report's options: ``stall_timeout`` and ``on_stall``."""
+        return self._hang_guard.stall_options
+
     @override
     def __setstate__(self, state: dict[str, Any]) -> None:
         # a spawned rank unpickles the strategy before Trainer._run: the seams must be in place before that call
@@ -124,8 +139,8 @@ class PolicyStrategyMixin(_Strategy):
     def setup_environment(self) -> None:
         _runtime.install()  # a spawned or re-launched process imports us afresh
         super().setup_environment()
-        namespace = self._agree_at_set_up()
-        self._hang_guard.start(self._rank(), self.world_size, namespace, self._trainer())
+        namespace, peers = self._agree_at_set_up()
+        self._hang_guard.start(self._rank(), self.world_size, namespace, self._trainer(), peers)
 
     @override
     def setup(self, trainer: Any) -> None:
@@ -228,12 +243,13 @@ class PolicyStrategyMixin(_Strategy):
         module = self.lightning_module
         return None if module is None else getattr(module, "_trainer", None)
 
-    def _agree_at_set_up(self) -> str:
+    def _agree_at_set_up(self) -> tuple[str, list[Any]]:
         """One gather at set-up; then every rank validates what every rank brought, and raises alike.
 
         Validation comes after the gather so that no rank raises while the others wait in it. Each rank resolving its
         own logger version is a known Lightning bug (#18294, #8945): the ranks adopt rank 0's.
-        At world size 1 nothing is exchanged. Returns the run's namespace in the store (rank 0's).
+        At world size 1 nothing is exchanged. Returns the run's namespace in the store (rank 0's) and every rank's
+        introduction to the stall monitor.
         """
         trainer = self._trainer()
         rank = self._rank()
@@ -243,12 +259,14 @@ class PolicyStrategyMixin(_Strategy):
                 self._early_stopping_policy.describe(),
                 repr(self._per_rank_metrics),
                 repr((self._hang_guard.mode, self._hang_guard.uneven_batches, self._hang_guard.check_unsized_loaders)),
+                repr(self._hang_guard.stall_options),
             ),
             "invalid": _invalid_policies(self._checkpoint_policy, self._early_stopping_policy, self.world_size),
             "loggers": None if trainer is None else len(_versioned_loggers(trainer)),
             "versions": _logger_versions(trainer) if rank == 0 else None,
             "log_dir": _log_dir(trainer) if rank == 0 and self._per_rank_metrics else None,
             "namespace": f"lightning_ext/{uuid.uuid4().hex}/" if rank == 0 else None,
+            "stall": introduction(_log_dir(trainer) if rank == 0 and trainer is not None else None),
         }
         everyone = all_gather_objects(mine, RankGroup.from_strategy(self))
         try:
@@ -260,7 +278,7 @@ class PolicyStrategyMixin(_Strategy):
                 logger._version = version
         self._run_log_dir = everyone[0]["log_dir"]
         namespace: str = everyone[0]["namespace"]
-        return namespace
+        return namespace, [theirs["stall"] for theirs in everyone]
 
 
 def _validate_agreement(everyone: list[dict[str, Any]]) -> None:
@@ -272,7 +290,7 @@ def _validate_agreement(everyone: list[dict[str, Any]]) -> None:
     if any(theirs["options"] != everyone[0]["options"] for theirs in everyone):
         listing = "; ".join(
             f"rank {rank}: checkpoint_policy={theirs['options'][0]}, early_stopping_policy={theirs['options'][1]},"
-            f" per_rank_metrics={theirs['options'][2]}, hang checks={theirs['options'][3]}"
+            f" per_rank_metrics={theirs['options'][2]}, hang checks={theirs['options'][3]}, {theirs['options'][4]}"
             for rank, theirs in enumerate(everyone)
         )
         raise PolicyMismatchError(f"The strategy is configured differently on different ranks: {listing}")
