@@ -4,6 +4,7 @@ import contextlib
 import datetime
 import os
 import pickle
+import re
 import socket
 import sys
 import threading
@@ -328,7 +329,10 @@ class StallMonitor:
 
 
 def _first_line(error: BaseException) -> str:
+    """``RuntimeError: Read error [127.0.0.1]:33923: Connection reset by peer``: the error's first sentence, without
+    the source location gloo puts first."""
     text = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    text = re.sub(r"^\[[^\]]*\]\s*", "", text).split(". ")[0]
     return f"{type(error).__name__}: {text[:160]}"
 
 
