@@ -29,6 +29,8 @@ _.params
 _.weights_only
 _.exc_type
 _.tb
+# importlib calls this on the loaders of the modules compiled for pytorch_lightning (_packages/mirror.py)
+_.create_module
 # Python calls these: a module's __getattr__/__dir__ (PEP 562), and the functions registered with atexit
 _.__getattr__
 _.__dir__

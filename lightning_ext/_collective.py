@@ -6,7 +6,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Literal
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -18,10 +18,10 @@ __all__ = [
     "RankGroup",
     "abort_process_groups",
     "all_gather_objects",
-    "all_reduce_row",
     "exact_mean_input",
     "exchange_partners",
     "gather_in_store",
+    "gather_rows",
     "is_communication_failure",
     "is_initialized",
     "is_world",
@@ -31,8 +31,6 @@ __all__ = [
     "wait_for",
 ]
 
-_DTYPES = {"int64": torch.int64, "float64": torch.float64}
-_OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}
 _STORE_TIMEOUT = timedelta(minutes=30)
 _GATHER_TIMEOUT = timedelta(seconds=60)
 _ALL_TO_ALL = dist.AllToAllOptions()
@@ -61,17 +59,20 @@ class RankGroup:
         return cls(world_size=int(strategy.world_size), rank=int(strategy.global_rank), device=strategy.root_device)
 
 
-def all_reduce_row(
-    row: list[int | float], ranks: RankGroup, *, op: Literal["sum", "max"], dtype: Literal["int64", "float64"]
-) -> list[int | float]:
-    """Reduce one packed row across ranks (one all-reduce of ``dtype``, element-wise ``op``), or return it unchanged
-    at world size 1."""
+def gather_rows(row: list[int], ranks: RankGroup) -> list[list[int]]:
+    """Every rank's ``row`` (int64, the same length on every rank), in rank order: one ``all_to_all_single``.
+
+    Each rank sends its row to every rank in one round of messages (W - 1 sent, W received per rank), so its cost
+    does not grow with the row's length as a ring all-reduce's does. At world size 1, no communication.
+    """
     if ranks.world_size == 1:
-        return list(row)
-    tensor = torch.tensor(row, dtype=_DTYPES[dtype], device=ranks.device)
-    dist.all_reduce(tensor, op=_OPS[op], group=ranks.group)
-    reduced: list[int | float] = tensor.tolist()
-    return reduced
+        return [list(row)]
+    sent = torch.tensor(row * ranks.world_size, dtype=torch.int64, device=ranks.device)
+    received = torch.empty_like(sent)
+    dist.all_to_all_single(received, sent, group=ranks.group)
+    flat: list[int] = received.tolist()
+    size = len(row)
+    return [flat[rank * size : (rank + 1) * size] for rank in range(ranks.world_size)]
 
 
 def all_gather_objects(obj: Any, ranks: RankGroup) -> list[Any]:

@@ -1,22 +1,43 @@
 """The ``lightning-ext`` command line (also ``python -m lightning_ext``); it imports neither Lightning nor torch."""
 
 import argparse
+import csv
 import importlib
+import io
 import json
 import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
+from lightning_ext._per_rank.csv_format import RSS_BYTES, STEP_S, TELEMETRY_COLUMNS
+from lightning_ext._per_rank.decision_format import COLUMNS, changed_something, json_row
 from lightning_ext._per_rank.reader import ReadReport, Request, read_table
 from lightning_ext._per_rank.run_check import rank_ranges
 from lightning_ext._per_rank.spread import MetricSpread
-from lightning_ext._per_rank.spread_format import furthest_table, spread_records, spreads_csv, stats_table
-from lightning_ext.rank_metrics import DEFAULT_FILENAME
-from lightning_ext.rank_spread import format_spread, plot_rank_curves, summarize_ranks, summarize_spread
+from lightning_ext._per_rank.spread_format import furthest_table, json_number, spread_records, spreads_csv, stats_table
+from lightning_ext._per_rank.straggler_format import (
+    RULE,
+    memory_lines,
+    stragglers_csv,
+    stragglers_records,
+    stragglers_text,
+)
+from lightning_ext._per_rank.stragglers import phase_medians
+from lightning_ext.decision_record import read_record
+from lightning_ext.rank_metrics import DEFAULT_FILENAME, read_rank_hosts
+from lightning_ext.rank_spread import (
+    find_stragglers,
+    format_spread,
+    host_memory,
+    plot_rank_curves,
+    summarize_ranks,
+    summarize_spread,
+)
 
 __all__ = ["main"]
 
@@ -77,7 +98,34 @@ def _parser() -> argparse.ArgumentParser:
         help=f"each rank's file, relative to LOG_DIR, with {{rank}} for the rank (default: {DEFAULT_FILENAME})",
     )
     ranks.add_argument("--allow-mixed", action="store_true", help="read files of more than one run instead of refusing")
+    ranks.add_argument(
+        "--stragglers",
+        action="store_true",
+        help="instead, the verdict from per-rank telemetry: the ranks slower than the others in step, data wait,"
+        " forward or optimizer time, by how much, and each host's memory",
+    )
     ranks.set_defaults(run=_run_ranks)
+    decisions = commands.add_parser(
+        "decisions",
+        help="why each checkpoint was (not) saved, and why training stopped",
+        description="The story of a run from its decision record (decisions.csv, written by rank 0): one line per"
+        " ModelCheckpoint or EarlyStopping decision, with the reason.",
+    )
+    decisions.add_argument(
+        "log_dir",
+        metavar="LOG_DIR",
+        help="the run's log directory, which holds decisions.csv (a path or an fsspec URL)",
+    )
+    decisions.add_argument("--callback", metavar="NAME", help="only this callback class, e.g. EarlyStopping")
+    decisions.add_argument(
+        "--only-changes", action="store_true", help="only decisions that changed something: a save, a stop, a new best"
+    )
+    decisions.add_argument("--format", choices=("text", "json", "csv"), default="text", help="output (default: text)")
+    decisions.add_argument("--run", dest="run_id", metavar="ID", help="only this run's decisions (the run column)")
+    decisions.add_argument(
+        "--allow-mixed", action="store_true", help="read a record of several runs instead of refusing"
+    )
+    decisions.set_defaults(run=_run_decisions)
     return parser
 
 
@@ -116,9 +164,11 @@ def _run_ranks(args: argparse.Namespace) -> int:
     step = args.step
     # only the rows at that step, unless the plot needs every row
     at = step if isinstance(step, int) and args.plot is None else None
-    request = Request.checked(
-        args.metrics, args.ranks, at, at, skip_bad_files=True, allow_mixed=args.allow_mixed, engine=None
-    )
+    how = {"skip_bad_files": True, "allow_mixed": args.allow_mixed, "engine": None}
+    if args.stragglers:  # the telemetry columns only, and all their rows
+        request = Request.checked(TELEMETRY_COLUMNS, args.ranks, **how, present_only=True)
+    else:
+        request = Request.checked(args.metrics, args.ranks, at, at, **how)
     report = ReadReport()
     try:
         try:
@@ -129,14 +179,11 @@ def _run_ranks(args: argparse.Namespace) -> int:
                     print(f"{_PROG} ranks: warning: {note}", file=sys.stderr)
         if not report.ranks:
             raise ValueError(f"No rank's file could be read under {args.log_dir}")
-        many = table["rank"].nunique() > SIDE_BY_SIDE
-        spreads = summarize_ranks(table, metrics=args.metrics, step=step, top=args.top)
-        if args.format == "json":
-            print(json.dumps(_document(args, table, spreads, report), indent=1, ensure_ascii=False, allow_nan=False))
-        elif args.format == "csv":
-            print(spreads_csv(spreads, top=args.top), end="")
+        memory = _memory(args, table)
+        if args.stragglers:
+            _print_stragglers(args, table, report, memory)
         else:
-            _print_text(args, table, spreads, report, many)
+            _print_summary(args, table, report, memory)
         if args.plot is not None:
             plot_rank_curves(table, args.plot, metrics=args.metrics, top=args.top)
             print(f"wrote {args.plot}", file=sys.stderr if args.format != "text" else sys.stdout)
@@ -147,6 +194,73 @@ def _run_ranks(args: argparse.Namespace) -> int:
         print(f"{_PROG} ranks: error: {error}", file=sys.stderr)
         return 1
     return 0
+
+
+def _memory(args: argparse.Namespace, table: pd.DataFrame) -> pd.DataFrame | None:
+    """Each host's memory check, where the files hold telemetry and the ranks' host records are there."""
+    if RSS_BYTES not in table.columns:
+        return None
+    hosts = read_rank_hosts(args.log_dir, filename=args.filename)
+    hosts = hosts[hosts.index.isin(table["rank"].unique())]
+    return host_memory(table, hosts) if len(hosts) else None
+
+
+def _print_summary(args: argparse.Namespace, table: pd.DataFrame, report: ReadReport, memory: Any) -> None:
+    many = table["rank"].nunique() > SIDE_BY_SIDE
+    spreads = summarize_ranks(table, metrics=args.metrics, step=args.step, top=args.top)
+    warnings = memory_lines(memory) if memory is not None else []
+    if args.format == "json":
+        document = _document(args, table, spreads, report)
+        if memory is not None:
+            document["memory"] = _memory_records(memory)
+        print(json.dumps(document, indent=1, ensure_ascii=False, allow_nan=False))
+    elif args.format == "csv":
+        print(spreads_csv(spreads, top=args.top), end="")
+        for line in warnings:
+            print(f"{_PROG} ranks: warning: {line}", file=sys.stderr)
+    else:
+        _print_text(args, table, spreads, report, many)
+        for line in warnings:
+            print(line)
+
+
+def _print_stragglers(args: argparse.Namespace, table: pd.DataFrame, report: ReadReport, memory: Any) -> None:
+    found = find_stragglers(table)  # a ValueError without telemetry
+    hosts = read_rank_hosts(args.log_dir, filename=args.filename)
+    samples = int(table[table[STEP_S].notna()].groupby("rank").size().median())
+    medians = phase_medians(table)
+    if args.format == "json":
+        document: dict[str, object] = {
+            "log_dir": args.log_dir,
+            "ranks": int(table["rank"].nunique()),
+            "samples_per_rank": samples,
+            "rule": RULE,
+            "median_rank": {phase: json_number(seconds) for phase, seconds in medians.items()},
+            "stragglers": stragglers_records(found, hosts),
+            "memory": [] if memory is None else _memory_records(memory),
+            "incomplete": [{"rank": rank, "detail": why} for rank, why in sorted(report.incomplete.items())],
+        }
+        for note in _notes(report):
+            document[note.key] = [{"rank": rank, "detail": detail} for rank, detail in note.entries]
+        print(json.dumps(document, indent=1, ensure_ascii=False, allow_nan=False))
+        return
+    if args.format == "csv":
+        print(stragglers_csv(found, hosts), end="")
+        return
+    ranks = table["rank"].nunique()
+    print(f"{args.log_dir}: {ranks} rank(s) with telemetry, {samples} telemetry row(s) per rank (median)")
+    for line in stragglers_text(found, medians, hosts, top=args.top):
+        print(line)
+    for line in memory_lines(memory, most_loaded=True) if memory is not None else []:
+        print(line)
+    _print_notes(args, report)
+
+
+def _memory_records(memory: pd.DataFrame) -> list[dict[str, object]]:
+    return [
+        {key: json_number(value) if isinstance(value, float) else value for key, value in record.items()}
+        for record in memory.to_dict("records")
+    ]
 
 
 def _print_text(
@@ -170,6 +284,10 @@ def _print_text(
             print(value)
         if spreads:
             print(format_spread(summarize_spread(table, metrics=args.metrics, step=args.step)))
+    _print_notes(args, report)
+
+
+def _print_notes(args: argparse.Namespace, report: ReadReport) -> None:
     for note in _notes(report):
         listed = [f"rank {rank} ({detail})" for rank, detail in note.entries]
         more = f"; and {len(listed) - args.top} more (--format json lists them all)" if len(listed) > args.top else ""
@@ -223,3 +341,46 @@ def _document(
         "incomplete": [{"rank": rank, "detail": why} for rank, why in sorted(report.incomplete.items())],
         **{note.key: [{"rank": rank, "detail": detail} for rank, detail in note.entries] for note in _notes(report)},
     }
+
+
+def _run_decisions(args: argparse.Namespace) -> int:
+    try:
+        record = read_record(args.log_dir, run=args.run_id, allow_mixed=args.allow_mixed)
+        for note in record.notes:
+            print(f"{_PROG} decisions: warning: {note}", file=sys.stderr)
+        chosen = [index for index, row in enumerate(record.rows) if _selected(row, args)]
+        rows = [record.rows[index] for index in chosen]
+        if args.format == "json":
+            print(json.dumps([json_row(row) for row in rows], indent=1, ensure_ascii=False, allow_nan=False))
+        elif args.format == "csv":
+            out = io.StringIO()
+            writer = csv.DictWriter(out, fieldnames=COLUMNS, lineterminator="\n")
+            writer.writeheader()
+            writer.writerows(record.cells[index] for index in chosen)  # as the file has them
+            print(out.getvalue(), end="")
+        else:
+            _print_story(args.log_dir, record, rows)
+    except BrokenPipeError:  # `| head` closed the pipe
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except (OSError, ValueError) as error:  # FileNotFoundError, DecisionRecordError, an unknown run
+        print(f"{_PROG} decisions: error: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _selected(row: dict[str, Any], args: argparse.Namespace) -> bool:
+    if args.callback is not None and row["callback"].lower() != args.callback.lower():
+        return False
+    return not args.only_changes or changed_something(row)
+
+
+def _print_story(log_dir: str, record: Any, rows: list[dict[str, Any]]) -> None:
+    worlds = "/".join(str(world) for world in sorted({row["world_size"] for row in record.rows})) or "0"
+    runs = ", ".join(record.runs) or "none"
+    print(f"{log_dir}: {len(rows)} decision(s) of {len(record.rows)}, {worlds} rank(s), run {runs}")
+    who = [f"{row['callback']}({row['monitor']})" for row in rows]
+    width = max(map(len, who), default=0)
+    steps = max((len(str(row["step"])) for row in rows), default=1)
+    for row, name in zip(rows, who, strict=True):
+        print(f"epoch {row['epoch']:>3}  step {row['step']:>{steps}}  {name:<{width}}  {row['reason']}")

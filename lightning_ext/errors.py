@@ -7,8 +7,13 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CrossRankError",
+    "DataLoaderSetupError",
+    "DecisionRecordError",
+    "DecisionRecordWarning",
     "DivergentCollectiveError",
     "DivergentLoggingError",
+    "InitModuleWarning",
+    "LightningPackageMismatchError",
     "LocalDecisionError",
     "MixedRunsError",
     "MonitorMissingError",
@@ -70,6 +75,19 @@ class StallError(CrossRankError):
     process is gone. The message names the rank(s) behind, the likely cause, and the stall report's file."""
 
 
+class DataLoaderSetupError(CrossRankError):
+    """A dataloader would fail at its first batch (a generator on another device, ``fit`` inside ``init_module``)."""
+
+
+class InitModuleWarning(UserWarning):
+    """A ``trainer.fit`` (``validate``, ...) runs inside ``trainer.init_module()``, which is for the model only."""
+
+
+# ---- the two Lightning packages -------------------------------------------------------------------------------------
+class LightningPackageMismatchError(TypeError):
+    """Objects of ``lightning`` and of ``pytorch_lightning`` in one run; the message names both and the fix."""
+
+
 # ---- the per-rank metrics files --------------------------------------------------------------------------------------
 class RankMetricsError(ValueError):
     """A per-rank metrics file is not in the expected format; the message names the file, line and column."""
@@ -81,6 +99,15 @@ class MixedRunsError(RankMetricsError):
 
 class RankMetricsWarning(RuntimeWarning):
     """Per-rank metrics stepped aside (a rank stopped writing its file) or a file is incomplete."""
+
+
+# ---- the decision record -------------------------------------------------------------------------------------------
+class DecisionRecordError(ValueError):
+    """A decision record (``decisions.csv``) is malformed or mixes runs; the message names the file and line."""
+
+
+class DecisionRecordWarning(RuntimeWarning):
+    """The decision record stepped aside (rank 0 could not write it) or is incomplete."""
 
 
 # ---- the patch tool ------------------------------------------------------------------------------------------------

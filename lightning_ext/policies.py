@@ -1,6 +1,8 @@
 """Cross-rank decision policies: the rules that turn every rank's observation into one decision; pure."""
 
+import re
 from abc import ABC, abstractmethod
+from fractions import Fraction
 from typing import Literal, NamedTuple
 
 __all__ = [
@@ -131,31 +133,49 @@ class RankZero(VotePolicy):
 
 
 class Quorum(VotePolicy):
-    """Act if at least ``k`` ranks vote for it.
+    """Act if at least ``k`` ranks vote for it, or at least the fraction ``k`` of them, rounded up.
 
     Args:
-        k: the number of votes needed, at least 1 and at most the world size.
+        k: a whole number of ranks (from 1 to the world size), or a fraction between 0 and 1: ``Quorum(0.75)`` needs
+            75% of the ranks, rounded up, at any world size (the decimal you wrote, exactly: ``Quorum(0.1)`` at 10
+            ranks needs 1). For every rank, use ``"all"``.
 
     Example:
         >>> Quorum(3).decide(VoteTally(yes=3, world_size=4, rank_zero=False))
         True
+        >>> [Quorum(0.75).needed(world) for world in (1, 4, 5, 8)]
+        [1, 3, 4, 6]
 
     """
 
-    def __init__(self, k: int) -> None:
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-            raise ValueError(f"Quorum(k) needs a whole number k >= 1, got {k!r}")
+    def __init__(self, k: int | float) -> None:
+        if isinstance(k, bool) or not isinstance(k, (int, float)) or (isinstance(k, int) and k < 1):
+            raise ValueError(
+                f"Quorum(k) needs a whole number of ranks k >= 1, or a fraction such as Quorum(0.75), got {k!r}"
+            )
+        if isinstance(k, float) and not 0.0 < k < 1.0:
+            raise ValueError(
+                f"Quorum({k!r}): a fraction of the ranks is between 0 and 1, e.g. Quorum(0.75); for a number of ranks"
+                " pass a whole number, e.g. Quorum(3); for every rank use 'all'"
+            )
         self.k = k
+        self._fraction = Fraction(repr(k)) if isinstance(k, float) else None
+
+    def needed(self, world_size: int) -> int:
+        """How many yes votes it takes at this world size."""
+        if self._fraction is None:
+            return int(self.k)
+        return -(-self._fraction.numerator * world_size // self._fraction.denominator)
 
     def decide(self, tally: VoteTally) -> bool:
-        return tally.yes >= self.k
+        return tally.yes >= self.needed(tally.world_size)
 
     def validate(self, world_size: int) -> None:
-        if self.k > world_size:
+        if self.needed(world_size) > world_size:
             raise ValueError(f"{self!r} can never be met: only {world_size} rank(s) vote")
 
     def __repr__(self) -> str:
-        return f"Quorum(k={self.k})"
+        return f"Quorum(k={self.k!r})"
 
 
 class AggregatePolicy(DecisionPolicy):
@@ -195,6 +215,9 @@ _ALIASES: dict[str, DecisionPolicy] = {
 }
 
 
+_QUORUM_NAME = re.compile(r"quorum_([1-9][0-9]?)")  # at least p% of the ranks, p from 1 to 99
+
+
 def available_policies() -> list[str]:
     """The names :func:`resolve_policy` accepts.
 
@@ -210,7 +233,8 @@ def resolve_policy(policy: PolicyLike) -> DecisionPolicy:
     """Turn a policy name or object into a policy object.
 
     Args:
-        policy: one of :func:`available_policies`, or a :class:`DecisionPolicy` instance such as ``Quorum(2)``.
+        policy: one of :func:`available_policies`, ``"quorum_<p>"`` (``Quorum(p / 100)``, at least p% of the ranks,
+            p a whole number from 1 to 99), or a :class:`DecisionPolicy` instance such as ``Quorum(2)``.
 
     Raises:
         ValueError: an unknown name; the message lists the valid ones.
@@ -219,6 +243,8 @@ def resolve_policy(policy: PolicyLike) -> DecisionPolicy:
     Example:
         >>> resolve_policy("rank_zero")
         RankZero()
+        >>> resolve_policy("quorum_75")
+        Quorum(k=0.75)
         >>> resolve_policy("median")  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
@@ -234,12 +260,15 @@ def resolve_policy(policy: PolicyLike) -> DecisionPolicy:
     if isinstance(policy, DecisionPolicy):
         return policy
     if isinstance(policy, str):
-        found = _ALIASES.get(policy.strip().lower())
+        name = policy.strip().lower()
+        found = _ALIASES.get(name)
+        if found is None and (quorum := _QUORUM_NAME.fullmatch(name)) is not None:
+            found = Quorum(int(quorum[1]) / 100)
         if found is None:
             names = ", ".join(repr(name) for name in available_policies())
             raise ValueError(
-                f"Unknown decision policy {policy!r}. Valid names: {names} (or a DecisionPolicy object such as"
-                " Quorum(k))."
+                f"Unknown decision policy {policy!r}. Valid names: {names}, 'quorum_<p>' for at least p% of the ranks"
+                " (or a DecisionPolicy object such as Quorum(k))."
             )
         return found
     raise TypeError(f"A decision policy must be a name or a DecisionPolicy object, got {type(policy).__name__}")

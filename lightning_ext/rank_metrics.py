@@ -29,6 +29,7 @@ __all__ = [
     "RankMetricsWriter",
     "incomplete_ranks",
     "rank_metrics_path",
+    "read_rank_hosts",
     "read_rank_metrics",
 ]
 
@@ -121,3 +122,37 @@ def incomplete_ranks(log_dir: StrPath, *, filename: str = DEFAULT_FILENAME) -> d
     return {
         rank: describe(record) for rank, (record, _) in list_rank_files(os.fspath(log_dir), filename).read_markers()
     }
+
+
+def read_rank_hosts(log_dir: StrPath, *, filename: str = DEFAULT_FILENAME) -> pd.DataFrame:
+    """Where each rank ran, from the host records that per-rank telemetry writes beside the files.
+
+    Returns:
+        One row per rank with a readable record (index ``rank``, sorted): ``host``, ``host_memory_bytes`` (the
+        host's total memory), ``pid``, ``cpu_count``. Empty where telemetry was off.
+
+    Raises:
+        FileNotFoundError: ``log_dir`` does not exist.
+
+    Example:
+        >>> import json, tempfile
+        >>> log_dir = tempfile.TemporaryDirectory()
+        >>> with RankMetricsWriter.for_rank(log_dir.name, 0) as writer:
+        ...     writer.log_metrics({"loss": 1.0}, step=0)
+        >>> record = {"host": "node-7", "host_memory_bytes": 2**30, "pid": 11, "cpu_count": 8}
+        >>> with open(rank_metrics_path(log_dir.name, 0) + ".host", "w") as file:
+        ...     _ = file.write(json.dumps(record))
+        >>> read_rank_hosts(log_dir.name)
+                host  host_memory_bytes  pid  cpu_count
+        rank
+        0     node-7         1073741824   11          8
+        >>> log_dir.cleanup()
+
+    """
+    check_template(filename)
+    found = list_rank_files(os.fspath(log_dir), filename)
+    records = found.read_hosts(sorted(found.hosts))
+    columns = ["host", "host_memory_bytes", "pid", "cpu_count"]
+    frame = pd.DataFrame([[record.get(name) for name in columns] for record in records.values()], columns=columns)
+    frame.index = pd.Index(list(records), name="rank", dtype="int64")
+    return frame

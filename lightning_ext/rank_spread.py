@@ -6,11 +6,14 @@ import pandas as pd
 
 from lightning_ext._per_rank.plots import plot_rank_curves
 from lightning_ext._per_rank.spread import MetricSpread, RankValue, Step, rank_values, robust_z, summarize_ranks
+from lightning_ext._per_rank.stragglers import find_stragglers, host_memory
 
 __all__ = [
     "MetricSpread",
     "RankValue",
+    "find_stragglers",
     "format_spread",
+    "host_memory",
     "plot_rank_curves",
     "rank_values",
     "robust_z",

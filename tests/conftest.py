@@ -1,4 +1,4 @@
-"""Shared fixtures: hypothesis profiles and the persistent rank pools.
+"""Shared fixtures: hypothesis profiles, the persistent rank pools, and the suites' copies for ``pytorch_lightning``.
 
 Hypothesis profiles (choose with ``HYPOTHESIS_PROFILE=<name>``, default ``ci``):
 
@@ -12,12 +12,16 @@ Hypothesis profiles (choose with ``HYPOTHESIS_PROFILE=<name>``, default ``ci``):
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from types import ModuleType
 
 import pytest
 from hypothesis import HealthCheck, settings
 
-from tests.helpers.pool import RankPool
+from tests.helpers.packages import MARK, lightning_objects
+from tests.helpers.pool import RankPool, tasks_renamed
+from tests.helpers.pytorch_lightning import TESTS
 
 _HEALTH = [HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
 settings.register_profile("ci", max_examples=100, deadline=None, derandomize=True, suppress_health_check=_HEALTH)
@@ -36,6 +40,10 @@ class _Pools:
         if world_size not in self._pools:
             self._pools[world_size] = RankPool(world_size)
         return self._pools[world_size]
+
+    def running(self) -> list[RankPool]:
+        """The pools whose ranks are up."""
+        return [pool for pool in self._pools.values() if pool.running]
 
     def close(self) -> None:
         for pool in self._pools.values():
@@ -60,3 +68,55 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
         if lightning_ext.strategies._runtime.patch_mode() != "native" or not lightning.__file__.startswith(expected):
             raise pytest.UsageError(f"expected the patched Lightning at {expected}, got {lightning.__file__}")
+
+
+# ---- the suites under pytorch_lightning too -------------------------------------------------------------------------
+# A test marked `both_packages` runs a second time, as `<module>::pytorch_lightning::<test>`: the same file
+# compiled again with its imports renamed for pytorch_lightning (tests/helpers/pytorch_lightning), its rank tasks
+# too. After each such test, no module compiled for pytorch_lightning, here or in a rank, holds a `lightning` object.
+
+
+class _PytorchLightningCopy(pytest.Module):
+    """A test module compiled for ``pytorch_lightning``: its marked tests."""
+
+    def _getobj(self) -> ModuleType:
+        return TESTS.load(Path(self.path))
+
+    def collect(self) -> Iterable[pytest.Item | pytest.Collector]:
+        nodes = super().collect()
+        return [node for node in nodes if not isinstance(node, pytest.Item) or node.get_closest_marker(MARK)]
+
+
+class _Module(pytest.Module):
+    """A test module, followed by its copy for ``pytorch_lightning`` when it has marked tests."""
+
+    def collect(self) -> Iterable[pytest.Item | pytest.Collector]:
+        nodes = list(super().collect())
+        if any(isinstance(node, pytest.Item) and node.get_closest_marker(MARK) for node in nodes):
+            copy = _PytorchLightningCopy.from_parent(
+                self, path=self.path, name="pytorch_lightning", nodeid=f"{self.nodeid}::pytorch_lightning"
+            )
+            nodes.append(copy)
+        return nodes
+
+
+def pytest_pycollect_makemodule(module_path: Path, parent: pytest.Collector) -> pytest.Module:
+    return _Module.from_parent(parent, path=module_path)
+
+
+@pytest.fixture(autouse=True)
+def _pytorch_lightning_copy(request: pytest.FixtureRequest) -> Iterator[None]:
+    """For a test of a copy: its rank tasks compiled for pytorch_lightning; then no `lightning` object anywhere."""
+    if not any(isinstance(node, _PytorchLightningCopy) for node in request.node.listchain()):
+        yield
+        return
+    with tasks_renamed(TESTS.renamed):
+        yield
+    found = lightning_objects()
+    if "rank_pools" in request.fixturenames:
+        for pool in request.getfixturevalue("rank_pools").running():
+            found += [f"rank {rank}: {item}" for rank, items in enumerate(pool.run(_CHECK)) for item in items]
+    assert not found, "the pytorch_lightning copy reached lightning:\n" + "\n".join(found)
+
+
+_CHECK = "tests.helpers.packages:lightning_objects"

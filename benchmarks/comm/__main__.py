@@ -23,7 +23,7 @@ from benchmarks.comm.gpu import gpu_sessions
 from benchmarks.comm.launch import SessionFailed, run_session
 from benchmarks.comm.plan import FULL, SMOKE, Counts, SessionSpec, plan_sessions, progress_units, session_timeout_s
 from benchmarks.comm.report import build_rows, check_targets, markdown, metadata, write_json
-from benchmarks.comm.row_cost import row_costs
+from benchmarks.comm.row_cost import record_costs, row_costs
 from benchmarks.comm.session import SessionResult
 from benchmarks.comm.sync_cost import sync_costs
 from benchmarks.comm.training import ROW_LOOPS_PER_STEP, SKIP_STEPS
@@ -143,9 +143,9 @@ def main(argv: list[str] | None = None) -> int:
     meta = metadata(machine=machine, counts=counts_used, notes=notes, load_before=load_before)
     args.out.mkdir(parents=True, exist_ok=True)
     paths = [args.out / f"{machine}.{suffix}" for suffix in ("json", "md", "png")]
-    costs, syncs = row_costs(results), sync_costs(results)
-    write_json(paths[0], rows, targets, meta, costs, syncs)
-    report = markdown(rows, targets, meta, costs, syncs)
+    costs, syncs, records = row_costs(results), sync_costs(results), record_costs(results)
+    write_json(paths[0], rows, targets, meta, costs, syncs, records)
+    report = markdown(rows, targets, meta, costs, syncs, records)
     paths[1].write_text(report, encoding="utf-8")
     write_chart(paths[2], rows, title=f"lightning-ext communication overhead: {machine}")
     print(report.split("\n## Notes")[0])

@@ -17,6 +17,7 @@ subject's ``torch.distributed`` calls with :func:`benchmarks.helpers.collectives
 """
 
 import random
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -30,12 +31,14 @@ from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 from lightning.pytorch.strategies import DDPStrategy
 
 from benchmarks.comm.stock import policy_strategy, stock_lightning, stock_strategy
-from benchmarks.helpers.collectives import count_collectives
+from benchmarks.helpers.collectives import count_bytes, count_collectives
 from benchmarks.helpers.stand_ins import StandInTrainer
 from lightning_ext import available_policies
 from lightning_ext._collective import RankGroup
 from lightning_ext._decisions.checkpoint import decide_top_k
 from lightning_ext._decisions.early_stopping import run_early_stopping_check
+from lightning_ext._decisions.record import top_k_before, topk_row
+from lightning_ext._per_rank.decision_file import DecisionFile
 from lightning_ext.strategies import PolicyDDPStrategy
 
 __all__ = ["COUNT_ROUNDS", "DecisionResult", "decision_policies", "decision_subjects", "run_decisions"]
@@ -54,11 +57,16 @@ class DecisionResult:
     Attributes:
         samples_ns: per subject, the latency of every timed decision, in nanoseconds, in run order.
         collectives: per subject, the ``torch.distributed`` calls per decision, by name.
+        received_bytes: per subject, the bytes of the tensors a rank's collectives fill, per decision.
+        record_cpu_ns: rank 0's CPU time to build and write one decision-record row, once per timed checkpoint
+            decision of a policy (the row's sentence, its cells, one ``os.write`` to a local ``decisions.csv``).
 
     """
 
     samples_ns: dict[str, list[int]] = field(default_factory=dict)
     collectives: dict[str, dict[str, float]] = field(default_factory=dict)
+    received_bytes: dict[str, float] = field(default_factory=dict)
+    record_cpu_ns: list[int] = field(default_factory=list)
 
 
 def decision_policies() -> list[str]:
@@ -79,6 +87,7 @@ class _Subject:
     prepare: Callable[[float], None]  # untimed: fresh state and this round's metric value
     call: Callable[[], object]  # timed: the decision itself
     stock: bool
+    record: Callable[[object], None] | None = None  # rank 0, after the timed call: write the decision's record row
 
 
 def _checkpoint_callback() -> ModelCheckpoint:
@@ -91,7 +100,9 @@ def _checkpoint_callback() -> ModelCheckpoint:
     return callback
 
 
-def _checkpoint_subject(label: str, strategy: DDPStrategy, device: torch.device) -> _Subject:
+def _checkpoint_subject(
+    label: str, strategy: DDPStrategy, device: torch.device, record_file: DecisionFile | None = None
+) -> _Subject:
     trainer: Any = StandInTrainer(strategy)
     callback = _checkpoint_callback()
     state: dict[str, dict[str, torch.Tensor]] = {}
@@ -112,7 +123,13 @@ def _checkpoint_subject(label: str, strategy: DDPStrategy, device: torch.device)
     def call() -> object:
         return decide_top_k(RankGroup.from_strategy(strategy), policy, callback, trainer, state["candidates"])
 
-    return _Subject(f"checkpoint/{label}", prepare, call, False)
+    def record(decision: Any) -> None:  # what save_topk_checkpoint hands rank 0's record after a decision
+        assert record_file is not None
+        before = top_k_before(callback)
+        agreement, wanted, score = decision.agreement, decision.wanted, float(decision.score)
+        record_file.record(lambda: topk_row(callback, trainer, policy, agreement, wanted, False, score, before))
+
+    return _Subject(f"checkpoint/{label}", prepare, call, False, record if record_file is not None else None)
 
 
 def _early_stopping_subject(label: str, strategy: DDPStrategy, device: torch.device) -> _Subject:
@@ -131,7 +148,7 @@ def _early_stopping_subject(label: str, strategy: DDPStrategy, device: torch.dev
     return _Subject(f"early_stopping/{label}", prepare, lambda: run_early_stopping_check(callback, trainer), False)
 
 
-def _subjects(device: torch.device, world_size: int) -> list[_Subject]:
+def _subjects(device: torch.device, world_size: int, record_file: DecisionFile | None) -> list[_Subject]:
     """Every subject with its own callback and trainer stand-in; the policy subjects share one strategy per policy."""
     subjects = [
         _checkpoint_subject("stock", stock_strategy(device, world_size), device),
@@ -139,7 +156,10 @@ def _subjects(device: torch.device, world_size: int) -> list[_Subject]:
     ]
     for policy in decision_policies():
         strategy = policy_strategy(device, world_size, policy=policy)
-        subjects += [_checkpoint_subject(policy, strategy, device), _early_stopping_subject(policy, strategy, device)]
+        subjects += [
+            _checkpoint_subject(policy, strategy, device, record_file),
+            _early_stopping_subject(policy, strategy, device),
+        ]
     return subjects
 
 
@@ -165,11 +185,22 @@ def run_decisions(
         progress: called with the number of decisions just made (for the progress bar).
 
     """
-    subjects = _subjects(device, world_size)
+    with tempfile.TemporaryDirectory() as directory:
+        record_file = DecisionFile(directory, "benchmark") if rank == 0 else None
+        result = _run(_subjects(device, world_size, record_file), decisions, warmup, seed, rank, progress)
+        if record_file is not None:
+            record_file.close()
+    return result
+
+
+def _run(
+    subjects: list[_Subject], decisions: int, warmup: int, seed: int, rank: int, progress: Callable[[int], None]
+) -> DecisionResult:
     order = random.Random(seed)
     values = random.Random(seed * 1_000_003 + rank + 1)
     result = DecisionResult(samples_ns={s.name: [] for s in subjects})
     counted: dict[str, Counter[str]] = {s.name: Counter() for s in subjects}
+    sized: dict[str, Counter[str]] = {s.name: Counter() for s in subjects}
     phases = (("warmup", warmup), ("count", COUNT_ROUNDS), ("time", decisions))
     for phase, rounds in phases:
         for _ in range(rounds):
@@ -180,17 +211,23 @@ def run_decisions(
                 with context:
                     dist.barrier()  # untimed: every rank starts the decision together
                     if phase == "count":
-                        with count_collectives() as counts:
+                        with count_collectives() as counts, count_bytes() as sizes:
                             subject.call()
                         counted[subject.name].update(counts)
+                        sized[subject.name].update(sizes)
                         continue
                     start = time.perf_counter_ns()
-                    subject.call()
+                    decision = subject.call()
                     elapsed = time.perf_counter_ns() - start
                 if phase == "time":
                     result.samples_ns[subject.name].append(elapsed)
+                    if subject.record is not None and decision is not None:
+                        started = time.process_time_ns()
+                        subject.record(decision)
+                        result.record_cpu_ns.append(time.process_time_ns() - started)
             progress(len(subjects))
     result.collectives = {
         name: {op: n / COUNT_ROUNDS for op, n in sorted(counts.items())} for name, counts in counted.items()
     }
+    result.received_bytes = {name: sizes.total() / COUNT_ROUNDS for name, sizes in sized.items()}
     return result

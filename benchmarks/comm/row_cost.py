@@ -8,6 +8,9 @@ Two figures per training session, each the median over the repeats with the lowe
   ``log_metrics`` and its share of the flushes to disk.
 * **per training step**: the median step CPU time with per-rank metrics minus stock's, per pair of timed fits (run
   back to back). It holds one per-rank row per step plus whatever else differs, and the noise of a whole step.
+* **telemetry sample**: the sample loop's time per sample in each timed telemetry fit: one batch's phases timed and
+  its row written (the memory read at most once a second, as in training); its share of the median step of the fits
+  without telemetry; and one reading of the memory on its own.
 """
 
 import statistics
@@ -17,7 +20,7 @@ from benchmarks.comm.session import SessionResult
 
 _STEP_SUBJECTS = ("training_step/per_rank_metrics", "training_step_cpu/per_rank_metrics")
 
-__all__ = ["RowCost", "Spread", "cost_lines", "row_costs"]
+__all__ = ["RecordCost", "RowCost", "Spread", "cost_lines", "record_costs", "record_lines", "row_costs"]
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,10 @@ class RowCost:
     row_wall_us: Spread
     step_cpu_us: Spread
     stock_step_cpu_us: float
+    sample_cpu_us: Spread | None = None
+    sample_wall_us: Spread | None = None
+    per_rank_step_us: float = float("nan")
+    memory_cpu_us: Spread | None = None
 
 
 def row_costs(results: list[SessionResult]) -> list[RowCost]:
@@ -71,9 +78,17 @@ def row_costs(results: list[SessionResult]) -> list[RowCost]:
                 row_wall_us=Spread.of([ns / 1000 for ns in training.row_ns]),
                 step_cpu_us=Spread.of(step_cpu),
                 stock_step_cpu_us=statistics.median(step_medians["stock"]) / 1000,
+                sample_cpu_us=_spread_us(training.sample_cpu_ns),
+                sample_wall_us=_spread_us(training.sample_ns),
+                memory_cpu_us=_spread_us(training.memory_cpu_ns),
+                per_rank_step_us=statistics.median(map(statistics.median, training.step_ns["per_rank_metrics"])) / 1000,
             )
         )
     return costs
+
+
+def _spread_us(nanoseconds: list[float]) -> Spread | None:
+    return Spread.of([ns / 1000 for ns in nanoseconds]) if nanoseconds else None
 
 
 def cost_lines(costs: list[RowCost], ratios: dict[tuple[str, str], float]) -> list[str]:
@@ -90,4 +105,49 @@ def cost_lines(costs: list[RowCost], ratios: dict[tuple[str, str], float]) -> li
             f"- {cost.session}, per training step: {cost.step_cpu_us} of CPU time more than stock's"
             f" {cost.stock_step_cpu_us:.1f} µs ({cost.repeats} paired fits; a whole step's noise included).",
         ]
+        if cost.sample_cpu_us is not None:
+            telemetry = ratios.get((cost.session, "training_step/telemetry"), float("nan"))
+            share = cost.sample_cpu_us.median / cost.per_rank_step_us
+            lines += [
+                f"- {cost.session}, **training step with telemetry at every step: {telemetry:.3f}x the same run"
+                " without it** (target ≤ 1.01x; median of the paired ratios).",
+                f"- {cost.session}, **one telemetry sample: {cost.sample_cpu_us.median:.1f} µs of CPU time**,"
+                f" {share:.2%} of the median step without telemetry ({cost.per_rank_step_us:.0f} µs) (range"
+                f" {cost.sample_cpu_us.low:.1f} to {cost.sample_cpu_us.high:.1f}); wall time {cost.sample_wall_us}."
+                f" One reading of the rank's memory (at most one a second): {cost.memory_cpu_us} of CPU time.",
+            ]
     return lines
+
+
+@dataclass(frozen=True)
+class RecordCost:
+    """Rank 0's CPU time for one decision-record row in one session (the JSON ``record_cost`` entry)."""
+
+    session: str
+    rows: int
+    cpu_us: Spread
+    p90_us: float
+
+
+def record_costs(results: list[SessionResult]) -> list[RecordCost]:
+    """One :class:`RecordCost` per session that timed decisions with the record on rank 0."""
+    costs = []
+    for result in results:
+        decisions = result.decisions
+        if decisions is None or not decisions.record_cpu_ns:
+            continue
+        micros = sorted(ns / 1000 for ns in decisions.record_cpu_ns)
+        p90 = micros[min(len(micros) - 1, int(0.9 * len(micros)))]
+        costs.append(RecordCost(result.spec.label, len(micros), Spread.of(micros), p90))
+    return costs
+
+
+def record_lines(costs: list[RecordCost]) -> list[str]:
+    """The Markdown section: one bullet per session."""
+    return [
+        f"- {cost.session}, **one decision-record row on rank 0: {cost.cpu_us.median:.1f} µs of CPU time** (median over"
+        f" {cost.rows} timed checkpoint decisions of every policy; 90th percentile {cost.p90_us:.1f}, range"
+        f" {cost.cpu_us.low:.1f} to {cost.cpu_us.high:.1f}): its sentence, its cells and one `os.write`, once per"
+        " decision, not per step."
+        for cost in costs
+    ]

@@ -6,6 +6,8 @@ the ranks carry ``LOCAL_RANK``/``WORLD_SIZE``/...), with the same small model, d
 
 * ``stock``: ``DDPStrategy()``, run inside :func:`~benchmarks.comm.stock.stock_lightning` (no lightning-ext seam);
 * ``per_rank_metrics``: ``PolicyDDPStrategy(per_rank_metrics=True, hang_checks=False)``: the per-rank cost alone;
+* ``telemetry``: the same with ``PerRankMetrics(telemetry=True, telemetry_every_n_steps=1)``: a telemetry row at
+  every step, compared with ``per_rank_metrics`` (the same run without telemetry);
 * ``hang_checks``: ``PolicyDDPStrategy()``, the default hang checks (each synced ``self.log`` checked in place of
   Lightning's barrier, the batch counts and epoch-end syncs checked once per epoch);
 * ``hang_checks_debug``: ``PolicyDDPStrategy(hang_checks="debug")`` (measured, no target);
@@ -32,6 +34,12 @@ row's keys with their local values), then the per-rank logger's ``log_metrics`` 
 builds for its loggers, the logging step advancing by one per row, so the writer flushes every 100 rows to the real
 file as in training. Lightning's own work (``self.log``, the row, the stock loggers) is not in the loop, so the time
 per row is lightning-ext's per-rank cost alone, without the noise of a step (the seams' few attribute lookups aside).
+
+**The cost of one telemetry sample.** Likewise, within each timed telemetry fit, at its last batch, the telemetry
+path of one batch runs :data:`ROW_LOOPS_PER_STEP` ``x train_steps`` times on the fit's own objects: the batch and
+its five phases timed (what the strategy's methods and the loop's hooks do), then the row handed to the per-rank
+writer (flushing every 100 rows), with the rank's memory when a second has passed since it was last read, as in
+training. A reading of the memory (process, DataLoader workers, host) is timed on its own as well.
 
 **Where the ranks line up.** In every timed fit, the time spent in ``torch.distributed.barrier`` (Lightning's, before
 each synced value, in the stock fits) and in lightning-ext's checks (``Lockstep.agree``, in the barrier's place) is
@@ -67,7 +75,7 @@ from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
 from benchmarks.comm.stock import stock_lightning
 from benchmarks.helpers.collectives import count_collectives
-from lightning_ext import PolicyDDPStrategy
+from lightning_ext import PerRankMetrics, PolicyDDPStrategy
 from lightning_ext._hang.lockstep import Lockstep
 from lightning_ext._per_rank.local_values import record_update
 from lightning_ext._per_rank.logger import loggers_for
@@ -78,6 +86,7 @@ CONFIGS = (
     "stock",
     "stock_twin",
     "per_rank_metrics",
+    "telemetry",
     "hang_checks",
     "hang_checks_debug",
     "stock_stream",
@@ -89,12 +98,14 @@ CONFIGS = (
 # what a configuration is compared with, if not "stock"
 BASELINES = {
     "unsized_checks": "stock_stream",
+    "telemetry": "per_rank_metrics",
     "stock_5_synced_twin": "stock_5_synced",
     "hang_checks_5_synced": "stock_5_synced",
 }
 SYNCED = {"stock_5_synced": 5, "stock_5_synced_twin": 5, "hang_checks_5_synced": 5}  # synced values per step, if not 1
 _OPTIONS: dict[str, dict[str, Any]] = {
     "per_rank_metrics": {"per_rank_metrics": True, "hang_checks": False},
+    "telemetry": {"per_rank_metrics": PerRankMetrics(telemetry=True, telemetry_every_n_steps=1), "hang_checks": False},
     "hang_checks": {},
     "hang_checks_debug": {"hang_checks": "debug"},
     "unsized_checks": {"check_unsized_loaders": True},
@@ -120,6 +131,9 @@ class TrainingResult:
         row_ns: each timed per-rank fit's row-loop time per row (nanoseconds), in repeat order.
         row_cpu_ns: the same in CPU time of the main thread.
         sync_ns: per configuration, each timed fit's time per step in barriers and checks (nanoseconds).
+        sample_ns: each timed telemetry fit's time per telemetry sample (nanoseconds), in repeat order.
+        sample_cpu_ns: the same in CPU time of the main thread.
+        memory_cpu_ns: each timed telemetry fit's CPU time per reading of the rank's memory (at most one a second).
 
     """
 
@@ -131,21 +145,26 @@ class TrainingResult:
     row_ns: list[float] = field(default_factory=list)
     row_cpu_ns: list[float] = field(default_factory=list)
     sync_ns: dict[str, list[float]] = field(default_factory=dict)
+    sample_ns: list[float] = field(default_factory=list)
+    sample_cpu_ns: list[float] = field(default_factory=list)
+    memory_cpu_ns: list[float] = field(default_factory=list)
 
 
 class _SmallModel(L.LightningModule):
     """A two-layer regression; logs ``synced`` synced metrics and one un-synced metric every step.
 
-    With ``row_loops``, the batch ``loop_at`` runs the per-rank row path that many times (see the module docstring)
-    and keeps the time it took in :attr:`loop_ns` and :attr:`loop_cpu_ns`.
+    With ``row_loops``, the batch ``loop_at`` runs the per-rank row path that many times (or, with ``telemetry``, the
+    telemetry path of one batch; see the module docstring) and keeps the time it took in :attr:`loop_ns` and
+    :attr:`loop_cpu_ns`.
     """
 
-    def __init__(self, row_loops: int = 0, loop_at: int = -1, synced: int = 1) -> None:
+    def __init__(self, row_loops: int = 0, loop_at: int = -1, synced: int = 1, telemetry: bool = False) -> None:
         super().__init__()
         self.synced = synced
         self.net = torch.nn.Sequential(torch.nn.Linear(_FEATURES, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
-        self.row_loops, self.loop_at = row_loops, loop_at
+        self.row_loops, self.loop_at, self.telemetry = row_loops, loop_at, telemetry
         self.loop_ns = self.loop_cpu_ns = 0
+        self.memory_cpu_ns = 0.0
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         x, y = batch
@@ -157,8 +176,33 @@ class _SmallModel(L.LightningModule):
             self.log(f"train_loss_{index}", loss + index, on_step=True, on_epoch=False, sync_dist=True)
         self.log("train_mae", mae, on_step=True, on_epoch=False)
         if batch_idx == self.loop_at and self.row_loops:
-            self._row_loop(loss, mae)
+            if self.telemetry:
+                self._sample_loop()
+            else:
+                self._row_loop(loss, mae)
         return loss
+
+    def _sample_loop(self) -> None:
+        """Run one batch's telemetry path ``row_loops`` times on this fit's objects (see the module docstring)."""
+        telemetry = getattr(self.trainer.strategy, "_telemetry", None)
+        if telemetry is None:
+            raise RuntimeError("the sample loop needs a fit with per-rank telemetry")
+        timer = telemetry.timer
+        step = self.trainer.fit_loop.epoch_loop._batches_that_stepped + 1_000_000  # after every real row
+        cpu, wall = thread_time_ns(), perf_counter_ns()
+        for row in range(self.row_loops):
+            timer.begin_batch()
+            for phase in range(5):  # data wait, forward, backward, optimizer, a collective
+                timer.begin()
+                timer.end(phase)
+            timer.end_batch()
+            telemetry.write_row(step + row)  # memory is read at most once a second: once or twice in this loop
+        self.loop_ns, self.loop_cpu_ns = perf_counter_ns() - wall, thread_time_ns() - cpu
+        readings = max(1, self.row_loops // 10)
+        cpu = thread_time_ns()
+        for _ in range(readings):
+            telemetry.read_memory()
+        self.memory_cpu_ns = (thread_time_ns() - cpu) / readings
 
     def _row_loop(self, loss: torch.Tensor, mae: torch.Tensor) -> None:
         """Run the per-rank row path ``row_loops`` times on this fit's objects (see the module docstring)."""
@@ -295,9 +339,8 @@ def _fit(
         default_root_dir=root,
     )
     # the row loop runs at the last batch, after the last timed window
-    model = _SmallModel(
-        row_loops if config == "per_rank_metrics" else 0, loop_at=batches - 1, synced=SYNCED.get(config, 1)
-    )
+    loops = row_loops if config in ("per_rank_metrics", "telemetry") else 0
+    model = _SmallModel(loops, loop_at=batches - 1, synced=SYNCED.get(config, 1), telemetry=config == "telemetry")
     context: AbstractContextManager[object] = stock_lightning() if stock else nullcontext()
     with context:
         trainer.fit(model, _loader(world_size, batches, seed, stream=config in _STREAMS))
@@ -367,5 +410,9 @@ def run_training(
             if config == "per_rank_metrics":
                 result.row_ns.append(model.loop_ns / row_loops)
                 result.row_cpu_ns.append(model.loop_cpu_ns / row_loops)
+            elif config == "telemetry":
+                result.sample_ns.append(model.loop_ns / row_loops)
+                result.sample_cpu_ns.append(model.loop_cpu_ns / row_loops)
+                result.memory_cpu_ns.append(model.memory_cpu_ns)
             progress(batches)
     return result

@@ -13,11 +13,12 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 from lightning_ext._collective import CheckChannel
 
-__all__ = ["COLLECTIVES", "count_collectives"]
+__all__ = ["COLLECTIVES", "count_bytes", "count_collectives"]
 
 COLLECTIVES = (
     "all_gather",
@@ -79,3 +80,39 @@ def _counted(function: Callable[..., Any], name: str, counts: Counter[str]) -> C
         return function(*args, **kwargs)
 
     return counting
+
+
+@contextmanager
+def count_bytes() -> Iterator[Counter[str]]:
+    """Sum, by name, the bytes of the tensor each collective call inside the block fills on this rank (its first
+    argument: the in-place tensor of an all-reduce or broadcast, the output of an all-to-all or all-gather).
+
+    Example:
+        >>> with count_bytes() as sizes:
+        ...     pass
+        >>> sizes.total()
+        0
+
+    """
+    sizes: Counter[str] = Counter()
+    originals: dict[str, Callable[..., Any]] = {}
+    for name in COLLECTIVES:
+        function = getattr(dist, name, None)
+        if function is not None:
+            originals[name] = function
+            setattr(dist, name, _measured(function, name, sizes))
+    try:
+        yield sizes
+    finally:
+        for name, function in originals.items():
+            setattr(dist, name, function)
+
+
+def _measured(function: Callable[..., Any], name: str, sizes: Counter[str]) -> Callable[..., Any]:
+    @functools.wraps(function)
+    def measuring(*args: Any, **kwargs: Any) -> Any:
+        if args and isinstance(args[0], torch.Tensor):
+            sizes[name] += args[0].numel() * args[0].element_size()
+        return function(*args, **kwargs)
+
+    return measuring

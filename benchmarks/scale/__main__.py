@@ -3,9 +3,10 @@
 For each number of ranks (default 16, 64, 256, 1024), simulated rank files of ``--rows`` rows x 4 metrics are
 written to a temporary directory (not timed; deleted afterwards) and read by ``read_rank_metrics`` and by a plain
 ``pandas.read_csv`` loop, interleaved (time, and peak memory in a fresh process); ``lightning-ext ranks`` summarizes
-them in a fresh process (time, output size). Then ``--writers`` concurrent ``RankMetricsWriter`` processes write
-(cost per row), and one writer's file-system calls are counted per phase. Writes ``<out>/scale-<machine>.json``,
-``.md`` and ``.png``. See ``benchmarks/README.md``.
+them in a fresh process (time, output size); ``lightning-ext ranks --stragglers`` gives its verdict on simulated
+per-rank telemetry with two slow ranks (time, output, what it named). Then ``--writers`` concurrent
+``RankMetricsWriter`` processes write (cost per row), and one writer's file-system calls are counted per phase.
+Writes ``<out>/scale-<machine>.json``, ``.md`` and ``.png``. See ``benchmarks/README.md``.
 """
 
 import argparse
@@ -22,10 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.helpers.machine import cpu_machine, load_average
-from benchmarks.scale.data import write_run
+from benchmarks.scale.data import slow_compute, slow_data, write_run, write_telemetry_run
 from benchmarks.scale.reader import READERS, memory, same_values, time_readers
 from benchmarks.scale.report import spread, write_chart, write_markdown
-from benchmarks.scale.summary import command_runs, start_time
+from benchmarks.scale.summary import command_runs, start_time, straggler_runs
 from benchmarks.scale.writer import file_system_work, writer_costs
 
 __all__ = ["main"]
@@ -98,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     machine = args.machine or cpu_machine()
     load_before = load_average()
     document: dict[str, Any] = {key: counts[key] for key in ("rows", "repeats", "writer_rows")}
-    document.update(reader=[], summary=[])
+    document.update(reader=[], summary=[], stragglers=[])
     scratch = Path(tempfile.mkdtemp(prefix="lightning-ext-scale-"))
     try:
         for ranks in counts["ranks"]:
@@ -124,6 +125,14 @@ def main(argv: list[str] | None = None) -> int:
             runs = command_runs(log_dir, counts["repeats"])
             document["summary"].append({"ranks": ranks, "wall": spread(runs.pop("wall_s")), **runs})
             shutil.rmtree(log_dir)
+            telemetry_dir = scratch / f"telemetry-{ranks}"
+            write_telemetry_run(telemetry_dir, ranks, counts["rows"])
+            print(f"{ranks} ranks: lightning-ext ranks --stragglers ({counts['repeats']} runs)", flush=True)
+            verdict = straggler_runs(telemetry_dir, counts["repeats"])
+            planted = sorted([(slow_data(ranks), "data wait"), (slow_compute(ranks), "forward")])
+            verdict["planted"] = planted
+            document["stragglers"].append({"ranks": ranks, "wall": spread(verdict.pop("wall_s")), **verdict})
+            shutil.rmtree(telemetry_dir)
         document["start"] = start_time(max(5, counts["repeats"]))
         document["writer"] = []
         for writers in counts["writers"]:

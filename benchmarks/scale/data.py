@@ -9,13 +9,25 @@ Three ranks stand out, as one does on a real cluster: :func:`diverging` has its 
 :func:`straggler` stops at half the steps (its file is shorter), :func:`hot` has a gradient norm 4x the others'.
 """
 
+import json
 import os
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-__all__ = ["METRICS", "VAL_EVERY", "diverging", "hot", "straggler", "write_rank", "write_run"]
+__all__ = [
+    "METRICS",
+    "VAL_EVERY",
+    "diverging",
+    "hot",
+    "slow_compute",
+    "slow_data",
+    "straggler",
+    "write_rank",
+    "write_run",
+    "write_telemetry_run",
+]
 
 METRICS = ("grad_norm", "loss", "lr", "val_loss")
 VAL_EVERY = 500
@@ -66,3 +78,50 @@ def write_run(root: Path, ranks: int, rows: int) -> list[Path]:
     """Write ``ranks`` files of ``rows`` rows (the straggler's half) under ``root``."""
     os.makedirs(root, exist_ok=True)
     return [write_rank(root, rank, ranks, rows) for rank in range(ranks)]
+
+
+TELEMETRY_EVERY = 50  # steps per telemetry row, Lightning's default log_every_n_steps
+RANKS_PER_HOST = 8
+
+
+def slow_data(ranks: int) -> int:
+    """The rank whose data loading is 20 ms per batch slower, in the telemetry run."""
+    return ranks // 4
+
+
+def slow_compute(ranks: int) -> int:
+    """The rank whose forward is 15 ms per batch slower, in the telemetry run."""
+    return 3 * ranks // 4
+
+
+def write_telemetry_run(root: Path, ranks: int, rows: int) -> None:
+    """Per-rank telemetry of ``rows`` steps (a row every :data:`TELEMETRY_EVERY`), host records, two slow ranks."""
+    steps = np.arange(TELEMETRY_EVERY - 1, rows, TELEMETRY_EVERY)
+    for rank in range(ranks):
+        rng = np.random.default_rng(10_000 + rank)
+        noise = 1.0 + 0.03 * rng.standard_normal((5, len(steps)))
+        data, forward, backward, optimizer, collectives = (
+            np.array([[0.002], [0.030], [0.040], [0.004], [0.001]]) * noise
+        )
+        data = data + (0.020 if rank == slow_data(ranks) else 0.0)
+        forward = forward + (0.015 if rank == slow_compute(ranks) else 0.0)
+        table = pd.DataFrame(
+            {
+                "epoch": steps // 1000,
+                "step": steps,
+                "telemetry/backward_s": backward,
+                "telemetry/collectives_s": collectives,
+                "telemetry/data_wait_s": data,
+                "telemetry/forward_s": forward,
+                "telemetry/host_used_bytes": np.full(len(steps), 400 * 2**30),
+                "telemetry/optimizer_s": optimizer,
+                "telemetry/rss_bytes": (6 * 2**30 * noise[0]).astype(np.int64),
+                "telemetry/step_s": np.full(len(steps), 0.1),
+                "telemetry/workers_rss_bytes": np.full(len(steps), 2**30),
+            }
+        )
+        path = root / f"rank_{rank}" / "metrics.csv"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        table.to_csv(path, index=False, lineterminator="\r\n")
+        host = {"host": f"node-{rank // RANKS_PER_HOST}", "host_memory_bytes": 512 * 2**30, "pid": 1, "cpu_count": 64}
+        (path.parent / "metrics.csv.host").write_text(json.dumps(host))

@@ -6,6 +6,7 @@ summarizing, printing), and the size of what it prints (text and ``--format json
 ``-X importtime`` shows whether Lightning or torch is imported (it must not be).
 """
 
+import json
 import os
 import statistics
 import subprocess
@@ -14,9 +15,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["command_runs", "start_time"]
+__all__ = ["command_runs", "start_time", "straggler_runs"]
 
-_HEAVY = ("torch", "lightning", "matplotlib")
+_HEAVY = ("torch", "lightning", "matplotlib", "psutil")
 
 
 def _run(arguments: list[str]) -> tuple[float, subprocess.CompletedProcess[bytes]]:
@@ -44,6 +45,22 @@ def command_runs(log_dir: Path, repeats: int) -> dict[str, Any]:
         "json_bytes": len(as_json.stdout),
         "text": text.decode(),
     }
+
+
+def straggler_runs(log_dir: Path, repeats: int) -> dict[str, Any]:
+    """Wall times of ``lightning-ext ranks LOG_DIR --stragglers``, its text, and the (rank, phase) pairs it names."""
+    walls = []
+    text = b""
+    for _ in range(repeats):
+        wall, process = _run(["-m", "lightning_ext", "ranks", str(log_dir), "--stragglers"])
+        if process.returncode != 0:
+            raise RuntimeError(f"lightning-ext ranks --stragglers failed:\n{process.stderr.decode()[-3000:]}")
+        walls.append(wall)
+        text = process.stdout
+    _, as_json = _run(["-m", "lightning_ext", "ranks", str(log_dir), "--stragglers", "--format", "json"])
+    found = sorted((entry["rank"], entry["phase"]) for entry in json.loads(as_json.stdout)["stragglers"])
+    return {"wall_s": walls, "text_bytes": len(text), "text_lines": text.count(b"\n"), "text": text.decode(),
+            "found": found}  # fmt: skip
 
 
 def start_time(repeats: int) -> dict[str, Any]:

@@ -1,22 +1,32 @@
-"""One decision's exchange (one all-reduce of one packed row), and the errors every rank raises together."""
+"""One decision's exchange (one all-to-all of every rank's row), and the errors every rank raises together."""
 
 import functools
 from typing import Any, NoReturn
 
 from torch import Tensor
 
-from lightning_ext._collective import RankGroup, all_gather_objects, all_reduce_row
-from lightning_ext._decisions.rows import Agreement, Observation, RowLayout, pack, unpack
+from lightning_ext._collective import RankGroup, all_gather_objects, gather_rows
+from lightning_ext._decisions.rows import Agreement, Observation, RowLayout, agree_rows, pack
 from lightning_ext.errors import LocalDecisionError, MonitorMissingError, mark_joint
-from lightning_ext.policies import AggregatePolicy, DecisionPolicy, VotePolicy, VoteTally
+from lightning_ext.policies import (
+    AggregatePolicy,
+    AllRanks,
+    AnyRank,
+    DecisionPolicy,
+    Majority,
+    Quorum,
+    RankZero,
+    VotePolicy,
+    VoteTally,
+)
 
-__all__ = ["agree", "as_vote", "decide", "layout_kind", "row_layout"]
+__all__ = ["agree", "as_vote", "decide", "layout_kind", "policy_label", "row_layout"]
 
 
 @functools.lru_cache(maxsize=256)
-def row_layout(kind: Any, world_size: int, with_reference: bool, extras: int) -> RowLayout:
+def row_layout(kind: Any, world_size: int, extras: int) -> RowLayout:
     """A decision's row layout (cached: a run uses a handful, and each is validated once)."""
-    return RowLayout(kind, world_size, with_reference=with_reference, extras=extras)
+    return RowLayout(kind, world_size, extras=extras)
 
 
 def layout_kind(policy: DecisionPolicy) -> Any:
@@ -29,16 +39,25 @@ def layout_kind(policy: DecisionPolicy) -> Any:
 
 
 def agree(
-    ranks: RankGroup, layout: RowLayout, observation: Observation, failure: BaseException | None, callback: Any
+    ranks: RankGroup,
+    layout: RowLayout,
+    observation: Observation,
+    failure: BaseException | None,
+    callback: Any,
+    policy: DecisionPolicy,
+    option: str,
 ) -> Agreement:
-    """The one exchange of a decision, and the errors every rank raises together."""
-    agreement = unpack(
-        layout, all_reduce_row(pack(layout, observation, rank=ranks.rank), ranks, op=layout.op, dtype=layout.dtype)
-    )
+    """The one exchange of a decision, and the errors every rank raises together.
+
+    A metric that only some ranks have is an error (``MonitorMissingError``), but under ``rank_zero`` when rank 0 has
+    it: rank 0's value decides there, and a metric logged on rank 0 only (``rank_zero_only=True``) is all it needs.
+    """
+    agreement = agree_rows(layout, gather_rows(pack(layout, observation, rank=ranks.rank), ranks))
     if agreement.failed:
         _raise_failure(ranks, failure, callback)
-    if agreement.presence == "mixed":
-        _raise_missing(ranks, observation.value is not None, callback)
+    rank_zero_decides = isinstance(policy, RankZero) and agreement.ranks[0].value is not None
+    if agreement.presence == "mixed" and not rank_zero_decides:
+        _raise_missing(agreement, callback, policy, option)
     return agreement
 
 
@@ -50,17 +69,46 @@ def _raise_failure(ranks: RankGroup, failure: BaseException | None, callback: An
     raise mark_joint(LocalDecisionError(message)) from failure
 
 
-def _raise_missing(ranks: RankGroup, present: bool, callback: Any) -> NoReturn:
-    presence = all_gather_objects(present, ranks)
-    missing = [rank for rank, has in enumerate(presence) if not has]
-    having = [rank for rank, has in enumerate(presence) if has]
-    raise mark_joint(
-        MonitorMissingError(
-            f"{_describe(callback)}: the monitored metric {callback.monitor!r} is missing on rank(s) {missing} but"
-            f" logged on rank(s) {having} (world size {ranks.world_size}). Every rank must log it at the same point:"
-            " do not log it only under `if self.trainer.is_global_zero:` or with `rank_zero_only=True`."
-        )
+def _raise_missing(agreement: Agreement, callback: Any, policy: DecisionPolicy, option: str) -> NoReturn:
+    missing = [rank for rank, view in enumerate(agreement.ranks) if view.value is None]
+    having = [rank for rank, view in enumerate(agreement.ranks) if view.value is not None]
+    message = (
+        f"{_describe(callback)}: the monitored metric {callback.monitor!r} is missing on rank(s) {missing} but"
+        f" logged on rank(s) {having} (world size {len(agreement.ranks)})."
     )
+    if 0 in having:  # as `self.log(..., rank_zero_only=True)` under `if self.trainer.is_global_zero:` leaves it
+        message += (
+            f" Under {option}={policy_label(policy)!r} every rank decides with its own value, so every rank must log"
+            f" it. For a metric that only rank 0 logs (`rank_zero_only=True`), use {option}='rank_zero': rank 0's"
+            " value then decides for every rank. Or log it on every rank."
+        )
+    else:
+        message += (
+            " Every rank must log it at the same point: do not log it only under `if self.trainer.is_global_zero:` or"
+            " with `rank_zero_only=True`."
+        )
+    raise mark_joint(MonitorMissingError(message))
+
+
+def policy_label(policy: DecisionPolicy) -> str:
+    """How users name ``policy``: ``all``, ``majority``, ``mean``, ``Quorum(0.75)``, ... or its ``repr``.
+
+    Example:
+        >>> policy_label(Majority()), policy_label(Quorum(0.75)), policy_label(AggregatePolicy("min"))
+        ('majority', 'Quorum(0.75)', 'min')
+
+    """
+    if isinstance(policy, Quorum):
+        return f"Quorum({policy.k!r})"
+    if isinstance(policy, AggregatePolicy):
+        return policy.reduction
+    names: dict[type[DecisionPolicy], str] = {
+        AllRanks: "all",
+        AnyRank: "any",
+        Majority: "majority",
+        RankZero: "rank_zero",
+    }
+    return names.get(type(policy), repr(policy))
 
 
 def _describe(callback: Any) -> str:

@@ -16,7 +16,8 @@ from torch import Tensor
 from lightning_ext._collective import RankGroup
 from lightning_ext._decisions.agreement import agree, as_vote, decide, layout_kind, row_layout
 from lightning_ext._decisions.local_top_k import LocalTopK
-from lightning_ext._decisions.rows import Observation
+from lightning_ext._decisions.record import record, recording, top_k_before, topk_row
+from lightning_ext._decisions.rows import Agreement, Observation
 from lightning_ext.policies import DecisionPolicy, VotePolicy, VoteTally
 
 __all__ = ["TopKDecision", "decide_top_k", "prepare_topk_decision", "save_topk_checkpoint"]
@@ -36,13 +37,17 @@ class TopKDecision:
             rank 0 voted.
         names: metric values to format file names with, identical on every rank (``None``: rank 0 lacks it).
         local_score: this rank's own value, for its own top-k (vote policies; ``None`` otherwise).
+        agreement: what every rank received (for rank 0's decision record).
+        wanted: what the vote policy said, before a non-finite score could veto it (``None``: aggregate policies).
 
     """
 
     save: bool
     score: Tensor
     names: dict[str, Tensor | None]
+    agreement: Agreement
     local_score: Tensor | None = None
+    wanted: bool | None = None
 
 
 def save_topk_checkpoint(callback: ModelCheckpoint, trainer: Any, monitor_candidates: dict[str, Tensor]) -> bool:
@@ -65,6 +70,7 @@ def save_topk_checkpoint(callback: ModelCheckpoint, trainer: Any, monitor_candid
         decision = decide_top_k(ranks, policy, callback, trainer, monitor_candidates)
     if decision is None:
         return False
+    before = top_k_before(callback) if recording(trainer) else None
     for key, value in decision.names.items():
         if value is None:
             monitor_candidates.pop(key, None)
@@ -82,6 +88,10 @@ def save_topk_checkpoint(callback: ModelCheckpoint, trainer: Any, monitor_candid
         else:
             outcome = f"is {float(decision.score)} (not finite), so no top-{callback.save_top_k} checkpoint is saved"
         rank_zero_info(f"Epoch {epoch:d}, global step {step:d}: {callback.monitor!r} {outcome}")
+    if before is not None:
+        policy = trainer.strategy.checkpoint_policy
+        agreement, wanted, saved, score = decision.agreement, decision.wanted, decision.save, float(decision.score)
+        record(trainer, lambda: topk_row(callback, trainer, policy, agreement, wanted, saved, score, before))
     return True
 
 
@@ -100,6 +110,8 @@ def prepare_topk_decision(callback: ModelCheckpoint, trainer: Any, monitor_candi
     policy: DecisionPolicy = trainer.strategy.checkpoint_policy
     decision = decide_top_k(RankGroup.from_strategy(trainer.strategy), policy, callback, trainer, monitor_candidates)
     callback.__dict__[_EARLY_DECISION] = (monitor_candidates, decision)
+    if decision is not None:  # rank_zero with a metric only rank 0 logs: ModelCheckpoint's own check must pass here too
+        monitor_candidates.setdefault(callback.monitor, decision.score)
 
 
 def decide_top_k(
@@ -126,22 +138,26 @@ def decide_top_k(
     value: float | None = None
     vote = False
     extras: tuple[float | None, ...] = ()
+    kth: float | None = None  # this rank's own k-th best, and how many it keeps: what its vote was measured against
+    kept = 0
     try:
         extras = tuple(float(monitor_candidates[k]) if k in monitor_candidates else None for k in extra_keys)
         if current is not None:
             value = float(current)
             if is_vote:
-                with LocalTopK.of(callback).installed(callback), _local_decisions(trainer.strategy):
+                own = LocalTopK.of(callback)
+                kth, kept = (None if own.kth is None else float(own.scores[own.kth])), len(own.scores)
+                with own.installed(callback), _local_decisions(trainer.strategy):
                     local = callback.check_monitor_top_k(trainer, current)
                 vote = as_vote(local, f"{type(callback).__name__}.check_monitor_top_k") and math.isfinite(value)
     except Exception as exc:  # reported on every rank after the exchange, so no rank is left waiting
         failure, extras = exc, (None,) * len(extra_keys)
 
-    layout = row_layout(layout_kind(policy), ranks.world_size, is_vote, len(extra_keys))
-    agreement = agree(ranks, layout, Observation(value, vote, extras, failure is not None), failure, callback)
+    layout = row_layout(layout_kind(policy), ranks.world_size, len(extra_keys))
+    observation = Observation(value, vote, extras, failure is not None, kth, kept)
+    agreement = agree(ranks, layout, observation, failure, callback, policy, "checkpoint_policy")
     if agreement.presence == "none":
         return None
-    assert current is not None
 
     names: dict[str, Tensor | None] = {
         key: None if extra is None else torch.tensor(extra, dtype=torch.float64)
@@ -149,18 +165,22 @@ def decide_top_k(
     }
     if isinstance(policy, VotePolicy):
         wanted = decide(policy, VoteTally(agreement.yes, ranks.world_size, agreement.rank_zero_vote))
-        rank_zero = torch.tensor(agreement.value, dtype=current.dtype, device=current.device)
+        # under rank_zero this rank may lack the metric: rank 0's value, as float32 (as a logged float is)
+        dtype, device = (torch.float32, ranks.device) if current is None else (current.dtype, current.device)
+        rank_zero = torch.tensor(agreement.value, dtype=dtype, device=device)
         names[monitor] = rank_zero
         # the score recorded is rank 0's value, whatever rank 0 voted: a non-finite one must never be recorded
         save = wanted and math.isfinite(agreement.value)
-        return TopKDecision(save=save, score=rank_zero, names=names, local_score=current)
+        local_score = rank_zero if current is None else current
+        return TopKDecision(save, rank_zero, names, agreement, local_score=local_score, wanted=wanted)
 
+    assert current is not None  # presence is "all" under an aggregate policy
     agreed = torch.tensor(agreement.value, dtype=current.dtype, device=current.device)
     with _local_decisions(trainer.strategy):
         local = callback.check_monitor_top_k(trainer, agreed)
     save = as_vote(local, f"{type(callback).__name__}.check_monitor_top_k") and bool(torch.isfinite(agreed))
     names[monitor] = agreed
-    return TopKDecision(save=save, score=agreed, names=names)
+    return TopKDecision(save, agreed, names, agreement)
 
 
 @contextmanager

@@ -9,7 +9,8 @@ from torch import Tensor
 
 from lightning_ext._collective import RankGroup
 from lightning_ext._decisions.agreement import agree, as_vote, decide, layout_kind, row_layout
-from lightning_ext._decisions.rows import Observation
+from lightning_ext._decisions.record import record, stop_row
+from lightning_ext._decisions.rows import Agreement, Observation
 from lightning_ext.policies import DecisionPolicy, VotePolicy, VoteTally
 
 __all__ = [
@@ -28,11 +29,19 @@ class StopDecision:
     Attributes:
         stop: whether every rank stops.
         reason: the message explaining this rank's outcome, if any.
+        agreement: what every rank received (for rank 0's decision record).
+        wanted: what the policy (or the stock rule on the agreed value) said, before a non-finite value overrode it.
+        best_before: this rank's ``best_score`` before the check.
+        agreed: the agreed value, in the metric's dtype (aggregate policies).
 
     """
 
     stop: bool
     reason: str | None
+    agreement: Agreement
+    wanted: bool
+    best_before: float | None
+    agreed: float | None = None
 
 
 def run_early_stopping_check(callback: EarlyStopping, trainer: Any) -> bool:
@@ -56,6 +65,8 @@ def run_early_stopping_check(callback: EarlyStopping, trainer: Any) -> bool:
         record_stop_message(callback, decision.reason)
     if decision.reason and callback.verbose:
         callback._log_info(trainer, decision.reason, callback.log_rank_zero_only)
+    agreement, wanted, best, agreed = decision.agreement, decision.wanted, decision.best_before, decision.agreed
+    record(trainer, lambda: stop_row(callback, trainer, policy, agreement, decision.stop, wanted, best, agreed))
     return True
 
 
@@ -74,6 +85,7 @@ def decide_early_stop(
     value: float | None = None
     vote = False
     reason: str | None = None
+    best_before = None if callback.best_score is None else float(callback.best_score)
     try:
         if current is not None:
             current = current.squeeze()
@@ -84,11 +96,12 @@ def decide_early_stop(
     except Exception as exc:  # reported on every rank after the exchange
         failure = exc
 
-    layout = row_layout(layout_kind(policy), ranks.world_size, False, 0)
-    agreement = agree(ranks, layout, Observation(value, vote, (), failure is not None), failure, callback)
+    layout = row_layout(layout_kind(policy), ranks.world_size, 0)
+    # its best before and its wait count after: what its vote was measured against
+    observation = Observation(value, vote, (), failure is not None, best_before, int(callback.wait_count))
+    agreement = agree(ranks, layout, observation, failure, callback, policy, "early_stopping_policy")
     if agreement.presence == "none":
         return None
-    assert current is not None
     nonfinite_stop = callback.check_finite and agreement.nonfinite
     nonfinite_reason = (
         f"Monitored metric {callback.monitor} is not finite on at least one rank. Signaling every rank to stop."
@@ -96,21 +109,22 @@ def decide_early_stop(
 
     if isinstance(policy, VotePolicy):
         tally = VoteTally(agreement.yes, ranks.world_size, agreement.rank_zero_vote)
-        stop = decide(policy, tally)
+        stop = wanted = decide(policy, tally)
         if stop and not vote:
             reason = f"{tally.yes} of {tally.world_size} rank(s) asked to stop; policy {policy!r} stops every rank."
         if nonfinite_stop and not stop:  # overrides any policy, on every rank alike
             stop = True
             reason = reason if vote else nonfinite_reason  # the non-finite rank keeps its own stock message
-        return StopDecision(stop=stop, reason=reason)
+        return StopDecision(stop, reason, agreement, wanted, best_before)
 
+    assert current is not None  # presence is "all" under an aggregate policy
     agreed = torch.tensor(agreement.value, dtype=current.dtype, device=current.device)
     should_stop, reason = callback._evaluate_stopping_criteria(agreed)
-    stop = as_vote(should_stop, f"{type(callback).__name__}._evaluate_stopping_criteria")
+    stop = wanted = as_vote(should_stop, f"{type(callback).__name__}._evaluate_stopping_criteria")
     if nonfinite_stop and not stop:
         record_nonfinite_stop(callback)
         stop, reason = True, nonfinite_reason
-    return StopDecision(stop=stop, reason=reason)
+    return StopDecision(stop, reason, agreement, wanted, best_before, float(agreed))
 
 
 def record_stop_message(callback: Any, message: str | None) -> None:

@@ -13,12 +13,26 @@ from numpy.typing import NDArray
 from lightning_ext.errors import RankMetricsError
 
 __all__ = [
+    "BACKWARD_S",
+    "COLLECTIVES_S",
+    "CUDA_ALLOCATED_BYTES",
+    "CUDA_PEAK_BYTES",
+    "DATA_WAIT_S",
     "EPOCH",
     "ESCAPE",
+    "FORWARD_S",
+    "HOST_SUFFIX",
+    "HOST_USED_BYTES",
     "NA_CELLS",
+    "OPTIMIZER_S",
     "RANK",
     "RESERVED",
+    "RSS_BYTES",
     "STEP",
+    "STEP_S",
+    "TELEMETRY",
+    "TELEMETRY_COLUMNS",
+    "WORKERS_RSS_BYTES",
     "check_header",
     "check_metric_name",
     "check_template",
@@ -35,20 +49,41 @@ __all__ = [
 STEP, EPOCH, RANK = "step", "epoch", "rank"
 RESERVED = (STEP, RANK)
 ESCAPE = "metric:"
+TELEMETRY = "telemetry/"  # per-rank telemetry's columns; a user's metric named so is escaped while it is on
+STEP_S = "telemetry/step_s"
+DATA_WAIT_S = "telemetry/data_wait_s"
+FORWARD_S = "telemetry/forward_s"
+BACKWARD_S = "telemetry/backward_s"
+OPTIMIZER_S = "telemetry/optimizer_s"
+COLLECTIVES_S = "telemetry/collectives_s"
+RSS_BYTES = "telemetry/rss_bytes"
+WORKERS_RSS_BYTES = "telemetry/workers_rss_bytes"
+HOST_USED_BYTES = "telemetry/host_used_bytes"
+CUDA_ALLOCATED_BYTES = "telemetry/cuda_allocated_bytes"
+CUDA_PEAK_BYTES = "telemetry/cuda_peak_bytes"
+TELEMETRY_COLUMNS = (
+    *(STEP_S, DATA_WAIT_S, FORWARD_S, BACKWARD_S, OPTIMIZER_S, COLLECTIVES_S),
+    *(RSS_BYTES, WORKERS_RSS_BYTES, HOST_USED_BYTES, CUDA_ALLOCATED_BYTES, CUDA_PEAK_BYTES),
+)
+HOST_SUFFIX = ".host"  # beside a rank's file: its host, written when telemetry starts
 NA_CELLS = ["", "nan"]  # an empty cell (metric not logged in that call) and a logged NaN both read as NaN
 
 Cell = int | float | str
 
 
-def column_name(name: str) -> str:
+def column_name(name: str, reserved_prefix: str | None = None) -> str:
     """The column a metric is written under: its name, or ``metric:`` + a reserved name (or one starting so).
+
+    ``reserved_prefix``: names starting with it are reserved too (``"telemetry/"`` while telemetry is on).
 
     Example:
         >>> [column_name(name) for name in ("loss", "rank", "step", "metric:x")]
         ['loss', 'metric:rank', 'metric:step', 'metric:metric:x']
+        >>> column_name("telemetry/step_s", "telemetry/")
+        'metric:telemetry/step_s'
 
     """
-    if name in RESERVED or name.startswith(ESCAPE):
+    if name in RESERVED or name.startswith(ESCAPE) or (reserved_prefix and name.startswith(reserved_prefix)):
         return ESCAPE + name
     return name
 

@@ -1,5 +1,6 @@
-"""Every rank's file, parts, incomplete-marker and earlier runs' files under a log directory, in one listing."""
+"""Every rank's file, parts, markers, host record and earlier runs' files under a log directory, in one listing."""
 
+import json
 import os
 import re
 from collections.abc import Callable
@@ -8,6 +9,7 @@ from typing import Any
 
 from fsspec import AbstractFileSystem
 
+from lightning_ext._per_rank.csv_format import HOST_SUFFIX
 from lightning_ext._per_rank.markers import SUFFIX, parse_marker
 from lightning_ext._per_rank.storage import glob_escape, split_location
 
@@ -26,6 +28,7 @@ class RankFiles:
     parts: dict[int, list[str]] = field(default_factory=dict)
     markers: dict[int, str] = field(default_factory=dict)
     rotated: dict[int, list[str]] = field(default_factory=dict)  # earlier runs' files, by their number
+    hosts: dict[int, str] = field(default_factory=dict)  # host records (per-rank telemetry)
     sizes: dict[str, int] = field(default_factory=dict)  # bytes of each file and part, as listed
 
     @property
@@ -39,6 +42,21 @@ class RankFiles:
             (rank, (parse_marker(self.fs.cat_file(path), self.shown(path)), path))
             for rank, path in sorted(self.markers.items())
         ]
+
+    def read_hosts(self, ranks: list[int]) -> dict[int, dict[str, Any]]:
+        """The host record of each of ``ranks`` that has a readable one (``.host`` files; see telemetry.py)."""
+        found = {}
+        for rank in ranks:
+            path = self.hosts.get(rank)
+            if path is None:
+                continue
+            try:
+                record = json.loads(self.fs.cat_file(path))
+            except (OSError, ValueError):  # unreadable or cut short: that rank's host is unknown
+                continue
+            if isinstance(record, dict) and isinstance(record.get("host"), str):
+                found[rank] = record
+        return found
 
 
 def list_rank_files(log_dir: str, filename: str) -> RankFiles:
@@ -57,7 +75,7 @@ def list_rank_files(log_dir: str, filename: str) -> RankFiles:
     )
     found = RankFiles(fs, shown)
     prefix, suffix = filename.split("{rank}")
-    tails = r"(|\.part-[0-9a-f]{16}-[0-9]+|\.[1-9][0-9]*|" + re.escape(SUFFIX) + ")"
+    tails = r"(|\.part-[0-9a-f]{16}-[0-9]+|\.[1-9][0-9]*|" + re.escape(SUFFIX) + "|" + re.escape(HOST_SUFFIX) + ")"
     own = re.compile(re.escape(prefix) + _RANK + re.escape(suffix) + tails)
     patterns = [_pattern(base, prefix, suffix)]
     flat = None
@@ -78,6 +96,8 @@ def list_rank_files(log_dir: str, filename: str) -> RankFiles:
                 found.files[rank] = path
             elif tail == SUFFIX:
                 found.markers[rank] = path
+            elif tail == HOST_SUFFIX:
+                found.hosts[rank] = path
             elif tail.startswith(".part-"):
                 found.parts.setdefault(rank, []).append(path)
             else:

@@ -11,6 +11,7 @@ from torch import Tensor
 from typing_extensions import override
 
 from lightning_ext._per_rank import local_values
+from lightning_ext._per_rank.csv_format import TELEMETRY
 from lightning_ext._per_rank.local_values import OMITTED, local_values_for
 from lightning_ext._per_rank.markers import SUFFIX, encode_marker, read_rank_marker, remove_markers, write_marker
 from lightning_ext._per_rank.storage import join, write_whole
@@ -99,6 +100,8 @@ class RankCSVLogger(Logger):
             writer = RankMetricsWriter(
                 self._path, flush_every_n_rows=self._options.flush_every_n_rows, resume_from_step=resume
             )
+            if self._options.telemetry:
+                writer.reserve(TELEMETRY)  # a user's metric named telemetry/... goes to metric:telemetry/...
             _OPEN_WRITERS[self._path] = writer
             _WRITTEN_HERE.add(self._path)
             if marker is not None:
@@ -156,6 +159,18 @@ class RankCSVLogger(Logger):
             self.rows_logged += 1
         except Exception as error:
             self._stop(error, doing)
+
+    def log_telemetry(self, row: dict[str, float | int], step: int) -> None:
+        """Write one row of per-rank telemetry (``telemetry/*`` columns); a failure stops this rank's output as
+        any row's would."""
+        if self._stopped:
+            return
+        try:
+            writer = self._writer if self._writer is not None else self.experiment
+            writer.log_columns(row, step)
+            self.rows_logged += 1
+        except Exception as error:
+            self._stop(error, "writing a telemetry row")
 
     @override
     def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:

@@ -38,11 +38,22 @@ def marker_locations(log_dir: str, filename: str, rank: int) -> tuple[str, str]:
 
 
 def write_marker(
-    log_dir: str, filename: str, rank: int, *, file: str, reason: str, rows_written: int, last_step: int | None
+    log_dir: str,
+    filename: str,
+    rank: int,
+    *,
+    file: str,
+    reason: str,
+    rows_written: int,
+    last_step: int | None,
+    kind: str = FORMAT,
 ) -> str:
-    """Write the marker where it can be written; return where. Raises the last error if nowhere."""
+    """Write the marker where it can be written; return where. Raises the last error if nowhere.
+
+    ``kind`` is the marker's ``format`` (the decision record's differs from the per-rank files').
+    """
     record = {
-        "format": FORMAT,
+        "format": kind,
         "rank": rank,
         "file": file,
         "reason": reason,

@@ -113,8 +113,9 @@ class PartedFile:
         return header, rows
 
 
-def read_chunks(fs: AbstractFileSystem, path: str, parts: list[str]) -> list[tuple[str, bytes]]:
-    """The bytes of a per-rank file and of those of its ``parts`` that extend it, in order, each with its path."""
+def read_chunks(fs: AbstractFileSystem, path: str, parts: list[str] | None = None) -> list[tuple[str, bytes]]:
+    """The bytes of a file and of those of its ``parts`` that extend it, in order, each with its path (``parts``:
+    as listed already; ``None``: listed here)."""
     base, current = _base_and_parts(fs, path, parts)
     return ([(path, base)] if base is not None else []) + current
 

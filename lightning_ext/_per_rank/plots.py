@@ -9,7 +9,9 @@ import numpy as np
 import pandas as pd
 from numpy.typing import NDArray
 
+from lightning_ext._per_rank.csv_format import STEP_S
 from lightning_ext._per_rank.spread import MAD_SCALE, MEAN_AD_SCALE, metric_names
+from lightning_ext._per_rank.time_plot import draw_time_row, is_time_column
 
 __all__ = [
     "BANDS",
@@ -57,13 +59,18 @@ def draw(table: pd.DataFrame, *, metrics: Sequence[str] | None = None, top: int 
     from matplotlib.figure import Figure
 
     names = metric_names(table, metrics)
-    if not names:
+    timing = metrics is None and STEP_S in table.columns and table[STEP_S].notna().any()
+    if metrics is None:  # telemetry's times get a row of their own
+        names = [name for name in names if not is_time_column(name)]
+    if not names and not timing:
         raise ValueError("There is no metric to plot")
     ranks = np.unique(table["rank"].to_numpy())
-    figure = Figure(figsize=(14.0, 0.6 + 3.6 * len(names)), layout="constrained")
+    figure = Figure(figsize=(14.0, 0.6 + 3.6 * (len(names) + timing)), layout="constrained")
     FigureCanvasAgg(figure)
-    axes = figure.subplots(len(names), 2, squeeze=False, width_ratios=[1.1, 1.0])
-    for (curves, heatmap), name in zip(axes, names, strict=True):
+    axes = figure.subplots(len(names) + timing, 2, squeeze=False, width_ratios=[1.1, 1.0])
+    if timing:
+        draw_time_row(figure, axes[-1][0], axes[-1][1], table, ranks, top)
+    for (curves, heatmap), name in zip(axes, names, strict=False):
         _, steps, matrix = rank_step_matrix(table, name, ranks)
         z = step_z(matrix)
         title = name.translate(_ESCAPES)

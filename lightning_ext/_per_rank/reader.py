@@ -38,6 +38,7 @@ class Request:
     skip_bad_files: bool = False
     allow_mixed: bool = False
     engine: str | None = None
+    present_only: bool = False  # names in ``metrics`` that no file has are left out, not an error
 
     @classmethod
     def checked(
@@ -127,10 +128,10 @@ def read_table(log_dir: str, filename: str, request: "Request", report: ReadRepo
     metrics = sorted(set().union(*(info.metrics for info in report.ranks.values())))
     if request.metrics is not None:
         unknown = [name for name in request.metrics if name not in metrics]
-        if unknown:
+        if unknown and not request.present_only:
             listed = ", ".join(repr(name) for name in metrics) or "none"
             raise ValueError(f"Unknown metric(s) {', '.join(map(repr, unknown))}; the metrics are: {listed}")
-        metrics = sorted(request.metrics)
+        metrics = sorted(name for name in request.metrics if name not in unknown)
     return reader.columns.frame(metrics)
 
 

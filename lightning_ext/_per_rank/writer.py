@@ -43,11 +43,18 @@ class PerRankMetrics:
         filename: the file of rank ``r``, relative to the run's log directory; ``{rank}`` is replaced by ``r``.
         flush_every_n_rows: rows kept in memory before they are written; a SIGKILL loses at most these. On an object
             store each flush is one object write (see ``docs/per-rank-metrics.md``).
+        telemetry: also write, in ``telemetry/*`` columns, the rank's time per training batch by phase (data wait,
+            forward, backward, optimizer, collectives) and its memory (process, DataLoader workers, host, CUDA),
+            and the rank's host beside its file; no collective is added (``docs/per-rank-metrics.md``).
+        telemetry_every_n_steps: a telemetry row every this many steps, holding the means over the batches since the
+            last one; ``None``: the trainer's ``log_every_n_steps``.
 
     """
 
     filename: str = DEFAULT_FILENAME
     flush_every_n_rows: int = 100
+    telemetry: bool = False
+    telemetry_every_n_steps: int | None = None
 
     def __post_init__(self) -> None:
         if "{rank}" not in self.filename:
@@ -57,6 +64,13 @@ class PerRankMetrics:
         check_template(self.filename)
         if self.flush_every_n_rows < 1:
             raise ValueError(f"PerRankMetrics.flush_every_n_rows must be >= 1, got {self.flush_every_n_rows}")
+        if not isinstance(self.telemetry, bool):
+            raise TypeError(f"PerRankMetrics.telemetry must be True or False, got {self.telemetry!r}")
+        every = self.telemetry_every_n_steps
+        if every is not None and (isinstance(every, bool) or not isinstance(every, int) or every < 1):
+            raise ValueError(
+                f"PerRankMetrics.telemetry_every_n_steps must be a whole number >= 1 or None, got {every!r}"
+            )
 
 
 class RankMetricsWriter:
@@ -105,6 +119,7 @@ class RankMetricsWriter:
         self._flush_every_n_rows = flush_every_n_rows
         self._buffer: list[dict[str, Cell]] = []
         self._columns: dict[str, str] = {}  # every metric name checked so far -> its column
+        self._reserved_prefix: str | None = None
         self._closed = False
         fs, where, local = split_location(self._path)
         self._storage = LocalFile(where) if local else PartedFile(fs, where, fs.unstrip_protocol(where))
@@ -213,9 +228,24 @@ class RankMetricsWriter:
     ) -> None:
         self.close()
 
+    def reserve(self, prefix: str) -> None:
+        """Metric names starting with ``prefix`` go to ``metric:<name>`` from now on: those columns are the caller's
+        own, written with :meth:`log_columns` (per-rank telemetry's ``telemetry/`` columns)."""
+        self._reserved_prefix = prefix
+        self._columns = {name: column_name(name, prefix) for name in self._columns}
+
+    def log_columns(self, row: Mapping[str, Cell], step: int) -> None:
+        """Buffer one row whose keys are columns as they are written (no escaping: telemetry's ``telemetry/*`` and
+        ``epoch``) and whose values are ints or floats."""
+        if self._closed:
+            raise ValueError(f"The metrics writer for {self._path} is closed")
+        self._buffer.append({**row, STEP: step})
+        if len(self._buffer) >= self._flush_every_n_rows:
+            self.flush()
+
     def _check_name(self, name: str, step: int) -> str:
         check_metric_name(name, step)
-        column = self._columns[name] = column_name(name)
+        column = self._columns[name] = column_name(name, self._reserved_prefix)
         return column
 
 

@@ -1,9 +1,11 @@
-"""``python -m lightning_ext.demo``: a tiny DDP run under each policy, then two pitfalls that freeze stock DDP."""
+"""``python -m lightning_ext.demo``: a tiny DDP run under each policy, a straggler found, then two pitfalls."""
 
 import argparse
 import logging
 import os
 import shutil
+import subprocess
+import sys
 import textwrap
 import warnings
 from typing import Any
@@ -11,9 +13,11 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+from lightning.pytorch.loggers import CSVLogger
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_ext.demo.pitfalls import PITFALLS, run_pitfall
+from lightning_ext.demo.straggler import find_the_straggler
 from lightning_ext.policies import Quorum
 from lightning_ext.rank_metrics import read_rank_metrics
 from lightning_ext.rank_spread import format_spread, summarize_spread
@@ -22,6 +26,7 @@ from lightning_ext.strategies import PolicyDDPStrategy
 __all__ = ["main"]
 
 _STOCK = object()
+_RECORDED = "majority"  # the run whose decision record the demo shows
 _POLICIES: list[tuple[str, Any]] = [  # (column, policy for both decisions); "defaults" is all/any, stock's rules
     ("stock ddp", _STOCK),
     ("defaults", None),
@@ -69,7 +74,7 @@ class _ShardedRegression(L.LightningModule):
 _TRUE_WEIGHTS = torch.linspace(-1, 1, 8).unsqueeze(1)
 
 
-class _RecordingCheckpoint(ModelCheckpoint):
+class ModelCheckpointThatCounts(ModelCheckpoint):
     """Remembers at which epochs a new top-k checkpoint was saved."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -88,14 +93,14 @@ def _train_loader() -> "DataLoader[Any]":
     return DataLoader(TensorDataset(x, y), batch_size=16)
 
 
-def _run(policy: Any, devices: int, epochs: int, root: str) -> dict[str, Any]:
+def _run(policy: Any, devices: int, epochs: int, root: str, logger: bool = False) -> dict[str, Any]:
     if policy is _STOCK:
         strategy: Any = "ddp"
     elif policy is None:
         strategy = PolicyDDPStrategy(per_rank_metrics=True)
     else:
         strategy = PolicyDDPStrategy(checkpoint_policy=policy, early_stopping_policy=policy, per_rank_metrics=True)
-    checkpoint = _RecordingCheckpoint(
+    checkpoint = ModelCheckpointThatCounts(
         dirpath=os.path.join(root, "checkpoints"), monitor="val_loss", filename="{epoch}-{val_loss:.3f}"
     )
     stopping = EarlyStopping(monitor="val_loss", patience=3)
@@ -107,7 +112,7 @@ def _run(policy: Any, devices: int, epochs: int, root: str) -> dict[str, Any]:
         strategy=strategy,
         max_epochs=epochs,
         callbacks=[checkpoint, stopping],
-        logger=False,
+        logger=CSVLogger(root, name="", version="") if logger else False,  # with a logger: the decision record
         enable_progress_bar=False,
         enable_model_summary=False,
         num_sanity_val_steps=0,
@@ -184,7 +189,8 @@ def main(argv: list[str] | None = None) -> None:
         root = os.path.join(args.root, name.replace(" ", "_").replace("(", "").replace(")", ""))
         if os.environ.get("LOCAL_RANK", "0") == "0" and os.path.isdir(root):
             shutil.rmtree(root)
-        runs[name] = _run(policy, args.devices, args.epochs, root)
+        runs[name] = _run(policy, args.devices, args.epochs, root, logger=name == _RECORDED)
+    straggler = find_the_straggler(args.devices, args.root) if args.devices > 1 else None
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()  # a clean exit for every rank
     if runs["stock ddp"]["rank"] == 0:
@@ -196,8 +202,18 @@ def main(argv: list[str] | None = None) -> None:
         defaults = runs["defaults"]["root"]
         print(f"\nspread across ranks of the 'defaults' run (lightning-ext ranks {defaults}):")
         print(format_spread(summarize_spread(read_rank_metrics(defaults), metrics=["val_loss"])))
+        print("\n".join(straggler or []))
+        _show_record(runs[_RECORDED]["root"])
         if not args.no_pitfalls:
             _show_pitfalls(args.devices, os.path.join(args.root, "pitfalls"))
+
+
+def _show_record(root: str) -> None:
+    """Why the checkpoints of the 'majority' run were (not) saved, as `lightning-ext decisions` tells it."""
+    command = ["lightning-ext", "decisions", root, "--callback", "ModelCheckpointThatCounts"]
+    print(f"\nwhy the '{_RECORDED}' run saved a checkpoint, or not ({' '.join(command)}):")
+    run = subprocess.run([sys.executable, "-m", "lightning_ext", *command[1:]], capture_output=True, text=True)
+    print(textwrap.indent(run.stdout.rstrip() or run.stderr.rstrip(), "  "))
 
 
 def _show_pitfalls(devices: int, root: str) -> None:

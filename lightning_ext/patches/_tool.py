@@ -1,4 +1,5 @@
-"""Find the patch series for a ``lightning`` package, judge it hunk by hunk with ``git apply``, apply or revert it."""
+"""Find the patch series for a ``lightning`` or ``pytorch_lightning`` package, judge it hunk by hunk with ``git apply``,
+apply or revert it."""
 
 import importlib.util
 import os
@@ -13,9 +14,10 @@ from typing import Literal, NamedTuple
 from unidiff.errors import UnidiffParseError
 from unidiff.patch import PatchSet
 
+from lightning_ext._packages.choice import RENAMES, Package
 from lightning_ext.errors import PatchError, SeriesNotApplicableError
 
-__all__ = ["Hunk", "Patch", "SeriesReport", "apply", "check", "revert"]
+__all__ = ["Hunk", "Patch", "SeriesReport", "apply", "check", "installed_targets", "revert"]
 
 _ENCODING = {"encoding": "utf-8", "errors": "surrogateescape"}  # undecodable bytes survive a round trip
 _Files = dict[Path, bytes]
@@ -67,6 +69,12 @@ class SeriesReport:
         return self.state != "conflict"
 
     @property
+    def revertible(self) -> bool:
+        """Whether ``revert`` can take out what is in: no patch is partly in the target."""
+        pending = (hunk for patch in self.patches if not patch.applied for hunk in patch.hunks)
+        return not any(hunk.status == "ALREADY APPLIED" for hunk in pending)
+
+    @property
     def hunks(self) -> tuple[Hunk, ...]:
         """Every hunk of the series, in order."""
         return tuple(hunk for patch in self.patches for hunk in patch.hunks)
@@ -100,7 +108,7 @@ class SeriesReport:
 
 
 def check(*, target: Path | str | None = None, series: Path | str | None = None) -> SeriesReport:
-    """Judge every hunk against ``target`` (the installed ``lightning`` by default); write nothing."""
+    """Judge every hunk against ``target`` (by default the first of :func:`installed_targets`); write nothing."""
     return _plan(target, series)[0]
 
 
@@ -115,16 +123,29 @@ def apply(*, target: Path | str | None = None, series: Path | str | None = None)
 def revert(*, target: Path | str | None = None, series: Path | str | None = None) -> SeriesReport:
     """Take the patches wholly in the target out, restoring the original bytes (refused if another is partly in)."""
     report, current, original, _ = _plan(target, series)
-    if any(hunk.status == "ALREADY APPLIED" for patch in report.patches if not patch.applied for hunk in patch.hunks):
+    if not report.revertible:
         raise SeriesNotApplicableError("revert", report)
     return replace(report, written=_write(original, current))
 
 
-def default_target() -> Path:
-    """The installed ``lightning`` package directory, found without importing it."""
-    if (spec := importlib.util.find_spec("lightning")) is None or not spec.submodule_search_locations:
-        raise PatchError("the 'lightning' package is not installed here; pass --target DIR")
-    return Path(next(iter(spec.submodule_search_locations)))
+def installed_targets() -> tuple[Path, ...]:
+    """The installed ``lightning`` and ``pytorch_lightning`` package directories, found without importing them."""
+    found = []
+    for name in ("lightning", "pytorch_lightning"):
+        if (spec := importlib.util.find_spec(name)) is not None and spec.submodule_search_locations:
+            found.append(Path(next(iter(spec.submodule_search_locations))))
+    if not found:
+        raise PatchError("neither 'lightning' nor 'pytorch_lightning' is installed here; pass --target DIR")
+    return tuple(found)
+
+
+def target_package(target: Path) -> Package:
+    """Which Lightning package ``target`` is, from its layout: ``lightning`` holds ``pytorch/``."""
+    if (target / "pytorch").is_dir():
+        return "lightning"
+    if (target / "trainer").is_dir():
+        return "pytorch_lightning"
+    raise PatchError(f"the target {target} is neither a 'lightning' nor a 'pytorch_lightning' package directory")
 
 
 def target_version(target: Path) -> str | None:
@@ -149,15 +170,43 @@ def find_series(target: Path, *, root: Path | None = None) -> Path:
     return series
 
 
-def load_series(directory: Path) -> tuple[Patch, ...]:
-    """Read and split every ``*.patch`` file of ``directory``, in file-name order."""
+def load_series(directory: Path, package: Package = "lightning") -> tuple[Patch, ...]:
+    """Read and split every ``*.patch`` file of ``directory``, in file-name order, for ``package``'s tree.
+
+    The series is written against ``lightning/``; for ``pytorch_lightning/`` it is renamed as Lightning renames its
+    sources for that package (:func:`for_pytorch_lightning`).
+    """
     if not (files := sorted(directory.glob("*.patch"))):
         problem = "holds no patches (*.patch)" if directory.is_dir() else "does not exist"
         raise PatchError(f"the series directory {directory} {problem}")
-    return tuple(_parse(path.read_bytes().decode(**_ENCODING), name=path.name) for path in files)
+    texts = ((path.name, path.read_bytes().decode(**_ENCODING)) for path in files)
+    rename = for_pytorch_lightning if package == "pytorch_lightning" else str
+    return tuple(_parse(rename(text), name=name, package=package) for name, text in texts)
 
 
-def _parse(text: str, *, name: str) -> Patch:
+def for_pytorch_lightning(text: str) -> str:
+    """A patch against ``lightning/`` as the same patch against ``pytorch_lightning/``.
+
+    Its file paths ``a/lightning/pytorch/...`` become ``a/pytorch_lightning/...``, and on every line
+    ``lightning.pytorch`` becomes ``pytorch_lightning`` and ``lightning.fabric`` becomes ``lightning_fabric``, with
+    Lightning's own rule (``.actions/assistant.py``, ``_replace_imports``). Line counts do not change.
+
+    Example:
+        >>> for_pytorch_lightning("--- a/lightning/pytorch/x.py\\n from lightning.pytorch.utilities import y\\n")
+        '--- a/pytorch_lightning/x.py\\n from pytorch_lightning.utilities import y\\n'
+
+    """
+    text = re.sub(r"^((?:diff --git|---|\+\+\+) .*)$", _standalone_paths, text, flags=re.MULTILINE)
+    for unified, standalone in RENAMES:
+        text = re.sub(rf"([^_/@]|^){re.escape(unified)}([^_\w/]|$)", rf"\g<1>{standalone}\g<2>", text, flags=re.M)
+    return text
+
+
+def _standalone_paths(line: re.Match[str]) -> str:
+    return re.sub(r"(?<=[ab]/)lightning/pytorch/", "pytorch_lightning/", line[1])
+
+
+def _parse(text: str, *, name: str, package: Package) -> Patch:
     # As `git am` does, the commit message ends at the first "---" line; the diff starts at the next "diff --git".
     message_end = re.search(r"^---$", text, re.MULTILINE)
     if not (start := re.compile(r"^diff --git ", re.MULTILINE).search(text, message_end.end() if message_end else 0)):
@@ -177,7 +226,8 @@ def _parse(text: str, *, name: str) -> Patch:
         ]:
             if found:
                 raise PatchError(f"{name}: {patched.path}: {kind} is not supported (only edits of text files are)")
-        file, _ = _package_file(patched.source_file, name), _package_file(patched.target_file, name)
+        file = _package_file(patched.source_file, name, package)
+        _package_file(patched.target_file, name, package)
         shift = 0  # the lines that the file's earlier hunks add
         for hunk in patched:
             old, new = f"{hunk.source_start + shift},{hunk.source_length}", f"{hunk.target_start},{hunk.target_length}"
@@ -188,18 +238,18 @@ def _parse(text: str, *, name: str) -> Patch:
     return Patch(name, diff, tuple(hunks))
 
 
-def _package_file(raw: str, patch: str) -> str:
-    """The path of a patched file inside the ``lightning`` package; every path is checked before a file is read.
+def _package_file(raw: str, patch: str, package: Package) -> str:
+    """The path of a patched file inside the ``package`` directory; every path is checked before a file is read.
 
     Example:
-        >>> _package_file("b/lightning/../../etc/x", "0001-x.patch")
+        >>> _package_file("b/lightning/../../etc/x", "0001-x.patch", "lightning")
         Traceback (most recent call last):
         lightning_ext.errors.PatchError: 0001-x.patch: refusing path 'b/lightning/../../etc/x': ...
 
     """
     parts = PurePosixPath(raw).parts
-    if raw[:2] not in ("a/", "b/") or parts[1:2] != ("lightning",) or len(parts) < 3 or ".." in parts:
-        reason = "it is not a path inside 'lightning/' without '..'"
+    if raw[:2] not in ("a/", "b/") or parts[1:2] != (package,) or len(parts) < 3 or ".." in parts:
+        reason = f"it is not a path inside '{package}/' without '..'"
     elif raw.startswith('"') or "\\" in raw or "//" in raw:
         reason = "quoted, escaped or doubled-slash file names are not supported"
     else:
@@ -209,10 +259,11 @@ def _package_file(raw: str, patch: str) -> str:
 
 def _plan(target: Path | str | None, series: Path | str | None) -> tuple[SeriesReport, _Files, _Files, _Files]:
     """The report, then the current, original (nothing applied) and patched bytes of each file the series edits."""
-    directory = (default_target() if target is None else Path(target)).resolve()
+    directory = (installed_targets()[0] if target is None else Path(target)).resolve()
     if not (directory / "__init__.py").is_file():
-        raise PatchError(f"the target {directory} is not a 'lightning' package directory (no __init__.py)")
-    patches = load_series(series_dir := find_series(directory) if series is None else Path(series))
+        raise PatchError(f"the target {directory} is not a Lightning package directory (no __init__.py)")
+    series_dir = find_series(directory) if series is None else Path(series)
+    patches = load_series(series_dir, target_package(directory))
     files = {hunk.file: _inside(directory, hunk.file, patch.name) for patch in patches for hunk in patch.hunks}
     if len(set(files.values())) < len(files):
         raise PatchError(f"two files of the series are one file in {directory} (a symlink); not supported")

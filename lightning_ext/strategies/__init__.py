@@ -13,13 +13,14 @@ __all__ = [
 ]
 
 # Lazy, as the package itself: `import lightning_ext` imports this package's _registry, and must load neither Lightning
-# nor torch. A name loads its module on first use.
+# nor torch. A name loads its module on first use, relative to this package's own name: compiled again for
+# pytorch_lightning (lightning_ext.pytorch_lightning.strategies), it loads the modules compiled for it.
 _EXPORTS = {
-    "PolicyDDPStrategy": "lightning_ext.strategies.ddp",
-    "PolicyDeepSpeedStrategy": "lightning_ext.strategies.deepspeed",
-    "PolicyFSDPStrategy": "lightning_ext.strategies.fsdp",
-    "PolicyModelParallelStrategy": "lightning_ext.strategies.model_parallel",
-    "PolicyStrategyMixin": "lightning_ext.strategies.mixin",
+    "PolicyDDPStrategy": ".ddp",
+    "PolicyDeepSpeedStrategy": ".deepspeed",
+    "PolicyFSDPStrategy": ".fsdp",
+    "PolicyModelParallelStrategy": ".model_parallel",
+    "PolicyStrategyMixin": ".mixin",
 }
 
 if importlib.util.find_spec("deepspeed") is None:  # the name raises an ImportError that says how to install DeepSpeed
@@ -37,7 +38,7 @@ def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    loaded = importlib.import_module(module)
+    loaded = importlib.import_module(module, __name__)
     if name == "PolicyDeepSpeedStrategy":  # importable only where DeepSpeed is installed
         loaded.require_deepspeed()
     return getattr(loaded, name)

@@ -1,4 +1,7 @@
-"""The Lightning releases lightning-ext is verified with, and the private Lightning methods it wraps or calls."""
+"""The Lightning releases lightning-ext is verified with, and the private Lightning methods it wraps or calls.
+
+Compiled once per Lightning package (``lightning``, ``pytorch_lightning``), it checks the package it imports.
+"""
 
 import inspect
 from collections.abc import Iterable
@@ -7,22 +10,39 @@ import lightning
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 from lightning.pytorch.loops.evaluation_loop import _EvaluationLoop
-from lightning.pytorch.loops.fetchers import _PrefetchDataFetcher
+from lightning.pytorch.loops.fetchers import _DataFetcher, _PrefetchDataFetcher
 from lightning.pytorch.loops.fit_loop import _FitLoop
+from lightning.pytorch.trainer.connectors.accelerator_connector import _AcceleratorConnector
 from lightning.pytorch.trainer.connectors.logger_connector.logger_connector import _LoggerConnector
 from lightning.pytorch.trainer.connectors.logger_connector.result import _ResultCollection, _ResultMetric
 from lightning.pytorch.utilities import rank_zero_warn
 
-__all__ = ["CALLED", "SIGNATURES", "VERIFIED", "check_signatures", "lightning_version", "warn_if_unverified"]
+from lightning_ext._packages.choice import DISTRIBUTIONS, Package
+
+__all__ = [
+    "CALLED",
+    "PACKAGE",
+    "SIGNATURES",
+    "VERIFIED",
+    "check_signatures",
+    "lightning_version",
+    "warn_if_unverified",
+]
 
 VERIFIED = ("2.5.6", "2.6.6")
 """The Lightning releases the test suite and the patch series are verified against (one per supported minor line)."""
+
+PACKAGE: Package = "pytorch_lightning" if lightning.__name__ == "pytorch_lightning" else "lightning"
+"""The Lightning package this module was compiled for: ``import lightning`` is ``pytorch_lightning`` in its mirror."""
+
+_NAME = "Lightning" if PACKAGE == "lightning" else "pytorch_lightning"
+_PIP = f"pip install '{DISTRIBUTIONS[PACKAGE]}=={VERIFIED[-1]}'"
 
 _WARNED: list[str] = []  # the version warned about, once per process
 
 
 def lightning_version() -> str:
-    """The installed Lightning's version (``lightning.__version__``, read at each call).
+    """The installed version of :data:`PACKAGE` (``lightning.__version__``, read at each call).
 
     Example:
         >>> lightning_version().startswith("2.")
@@ -39,10 +59,10 @@ def warn_if_unverified() -> None:
         return
     _WARNED.append(version)
     rank_zero_warn(
-        f"lightning-ext is verified with Lightning {' and '.join(VERIFIED)}; the installed Lightning is {version}."
+        f"lightning-ext is verified with Lightning {' and '.join(VERIFIED)}; the installed {_NAME} is {version}."
         " It reaches into some private Lightning methods and checks their signatures before it wraps them, but"
-        " behaviour on other releases is not tested. Install a verified release (e.g. `pip install"
-        f" 'lightning=={VERIFIED[-1]}'`) if anything misbehaves.",
+        f" behaviour on other releases is not tested. Install a verified release (e.g. `{_PIP}`) if anything"
+        " misbehaves.",
         category=UserWarning,
     )
 
@@ -62,6 +82,11 @@ SIGNATURES: dict[tuple[type, str], tuple[tuple[str, ...], ...]] = {
     (_EvaluationLoop, "max_batches"): (("self",),),  # a property: its getter
     (_PrefetchDataFetcher, "__next__"): (("self",),),
     (Trainer, "_run"): (("self", "model", "ckpt_path"), ("self", "model", "ckpt_path", "weights_only")),  # 2.5, 2.6
+    (_DataFetcher, "setup"): (("self", "combined_loader"),),
+    # wrapped once the package is imported: its Trainer names our strategy of the other package (_runtime)
+    (_AcceleratorConnector, "_check_config_and_set_final_flags"): (
+        ("self", "strategy", "accelerator", "precision", "plugins", "sync_batchnorm"),
+    ),
     # called (lightning_ext._decisions.checkpoint, lightning_ext._per_rank.local_values), on a patched Lightning too
     (ModelCheckpoint, "_monitor_candidates"): (("self", "trainer"),),
     (ModelCheckpoint, "check_monitor_top_k"): (("self", "trainer", "current"),),
@@ -93,11 +118,11 @@ def check_signatures(methods: Iterable[tuple[type, str]]) -> None:
             continue
         version = lightning_version()
         raise RuntimeError(
-            f"lightning-ext cannot use {owner.__module__}.{owner.__qualname__}.{name} of Lightning {version}: it"
+            f"lightning-ext cannot use {owner.__module__}.{owner.__qualname__}.{name} of {_NAME} {version}: it"
             f" expects the parameters {' or '.join(_format(names) for names in accepted)}, found"
             f" {'no such method' if found is None else _format(found)}. lightning-ext is verified with Lightning"
-            f" {' and '.join(VERIFIED)}: install one of them (e.g. `pip install"
-            f" 'lightning=={VERIFIED[-1]}'`), or a lightning-ext release that supports Lightning {version}."
+            f" {' and '.join(VERIFIED)}: install one of them (e.g. `{_PIP}`), or a lightning-ext release that"
+            f" supports {_NAME} {version}."
         )
 
 

@@ -1,5 +1,6 @@
 """The strategy names in Lightning's registry (``"ddp_<policy>"``, ...), registered once Lightning is imported."""
 
+import functools
 import importlib
 import importlib.abc
 import importlib.machinery
@@ -9,6 +10,7 @@ from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
+from lightning_ext._packages.choice import TRIGGERS, Package, module_for
 from lightning_ext.policies import available_policies
 
 if TYPE_CHECKING:
@@ -16,20 +18,22 @@ if TYPE_CHECKING:
 
 __all__ = ["policy_names", "register_policy_names", "register_when_lightning_loads"]
 
-_TRIGGER = "lightning.pytorch"
 # importing each registers its names: every module ends by calling its class's register_strategies
 _STRATEGIES = ("lightning_ext.strategies.ddp", "lightning_ext.strategies.fsdp", "lightning_ext.strategies.deepspeed")
 
 
 def register_when_lightning_loads() -> None:
-    """Register now if Lightning is loaded, else once it is (idempotent)."""
-    if _TRIGGER in sys.modules:
-        _register()
-    elif not any(isinstance(finder, _AfterImport) for finder in sys.meta_path):
-        sys.meta_path.insert(0, _AfterImport(_TRIGGER, _register))
+    """For each Lightning package (``lightning``, ``pytorch_lightning``): register now if it is loaded, else once it
+    is (idempotent). Importing one package never imports the other."""
+    for package, trigger in TRIGGERS.items():
+        if trigger in sys.modules:
+            _register(package)
+        elif not any(isinstance(finder, _AfterImport) and finder.name == trigger for finder in sys.meta_path):
+            sys.meta_path.insert(0, _AfterImport(trigger, functools.partial(_register, package)))
 
 
 _STOCK_RULES = ("all", "any")  # what "<family>_policy" stands for: the class defaults, stock Lightning's rules
+_QUORUM_NAMES = ("quorum_50", "quorum_75", "quorum_90")  # fractions of the ranks, so a name works at any world size
 
 
 def policy_names(family: str) -> dict[str, tuple[str, str]]:
@@ -37,14 +41,14 @@ def policy_names(family: str) -> dict[str, tuple[str, str]]:
 
     Example:
         >>> names = policy_names("fsdp")
-        >>> names["fsdp_policy"], names["fsdp_majority"]
-        (('all', 'any'), ('majority', 'majority'))
+        >>> names["fsdp_policy"], names["fsdp_majority"], names["fsdp_quorum_75"]
+        (('all', 'any'), ('majority', 'majority'), ('quorum_75', 'quorum_75'))
         >>> len(names)
-        8
+        11
 
     """
     names = {f"{family}_policy": _STOCK_RULES}
-    names.update({f"{family}_{name}": (name, name) for name in available_policies()})
+    names.update({f"{family}_{name}": (name, name) for name in [*available_policies(), *_QUORUM_NAMES]})
     return names
 
 
@@ -81,25 +85,29 @@ def register_policy_names(
     return list(names)
 
 
-def _register() -> None:
+def _register(package: Package) -> None:
+    """Register ``package``'s names, and let its Trainer name a strategy of the other package (``_runtime``)."""
     try:
         for module in _STRATEGIES:
-            importlib.import_module(module)
+            importlib.import_module(module_for(module, package))
+        importlib.import_module(module_for("lightning_ext.strategies._runtime", package)).check_trainer_strategies()
     except Exception as error:  # never break the user's `import lightning` over our names
-        warnings.warn(f"lightning-ext could not register its strategy names: {error!r}", RuntimeWarning, stacklevel=2)
+        warnings.warn(
+            f"lightning-ext could not set up its strategy names for {package}: {error!r}", RuntimeWarning, stacklevel=2
+        )
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
     """Finds nothing itself: when ``name`` is imported, lets the other finders load it, then calls ``callback``."""
 
     def __init__(self, name: str, callback: Callable[[], None]) -> None:
-        self._name = name
+        self.name = name
         self._callback = callback
 
     def find_spec(
         self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
     ) -> importlib.machinery.ModuleSpec | None:
-        if fullname != self._name:
+        if fullname != self.name:
             return None
         sys.meta_path.remove(self)  # one shot, and out of the way of the search below
         spec = importlib.machinery.PathFinder.find_spec(fullname, path)

@@ -10,23 +10,27 @@ from typing import Any, Literal
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 from lightning.pytorch.loops.evaluation_loop import _EvaluationLoop
-from lightning.pytorch.loops.fetchers import _PrefetchDataFetcher
+from lightning.pytorch.loops.fetchers import _DataFetcher, _PrefetchDataFetcher
 from lightning.pytorch.loops.fit_loop import _FitLoop
 from lightning.pytorch.strategies import ParallelStrategy
+from lightning.pytorch.trainer.connectors.accelerator_connector import _AcceleratorConnector
 from lightning.pytorch.trainer.connectors.logger_connector.logger_connector import _LoggerConnector
 from lightning.pytorch.trainer.connectors.logger_connector.result import _ResultCollection, _ResultMetric
 
 from lightning_ext._hang import hooks as hang_hooks
+from lightning_ext._packages.choice import strategy_for_other_package
 from lightning_ext._per_rank import local_values
+from lightning_ext._setup import checks as setup_checks
 from lightning_ext.strategies import _compat
 
-__all__ = ["install", "patch_mode", "runtime_patching_enabled", "seams_available"]
+__all__ = ["check_trainer_strategies", "install", "patch_mode", "runtime_patching_enabled", "seams_available"]
 
 _MARKER = "__lightning_ext_seam__"
 _NATIVE_MARKER = "_LIGHTNING_EXT_SEAM"  # a class attribute that the patch series adds to each patched class
 _HOOKS = "_lightning_ext_hooks"  # the module attribute through which a patched Lightning calls hang_hooks
+_SETUP_HOOKS = "_lightning_ext_setup_checks"  # and setup_checks (the fetchers module, patch 0005)
 _ENV_SWITCH = "LIGHTNING_EXT_RUNTIME_PATCHING"
-_DECISIONS, _HANG = 1, 2  # the series level that makes a seam native (0001-0003, then the hang-check patch)
+_DECISIONS, _HANG, _SETUP = 1, 2, 3  # the series level that makes a seam native (0001-0003, 0004, 0005)
 
 Seam = tuple[type, str, Callable[[Any], Any]]
 
@@ -68,6 +72,9 @@ def install() -> None:
         module = sys.modules.get(owner.__module__)
         if _level(owner) >= _HANG and module is not None and hasattr(module, _HOOKS):
             setattr(module, _HOOKS, hang_hooks)
+    fetchers = sys.modules.get(_DataFetcher.__module__)
+    if _level(_DataFetcher) >= _SETUP and fetchers is not None and hasattr(fetchers, _SETUP_HOOKS):
+        setattr(fetchers, _SETUP_HOOKS, setup_checks)
     pending = [seam for seam in _all_seams() if not _is_native(seam) and not _is_wrapped(seam)]
     if runtime_patching_enabled():
         _compat.check_signatures([(owner, name) for owner, name, _ in pending])
@@ -86,6 +93,23 @@ def install() -> None:
             setattr(owner, name, wrapper)
 
 
+def check_trainer_strategies() -> None:
+    """Have this package's Trainer name lightning-ext's strategy of the other Lightning package (idempotent).
+
+    Stock Lightning refuses it as "an invalid strategy name"; the wrapper raises
+    :class:`~lightning_ext.errors.LightningPackageMismatchError` with the fix, and leaves everything else to the stock
+    method. Not a seam of the patch series: installed when the package is imported, unless runtime patching is off or
+    the package is patched (then nothing is wrapped, and Lightning's own error stands).
+    """
+    seam = (_AcceleratorConnector, "_check_config_and_set_final_flags", _trainer_check_seam)
+    if not runtime_patching_enabled() or patch_mode() == "native" or _is_wrapped(seam):
+        return
+    _compat.check_signatures([seam[:2]])
+    wrapper = _trainer_check_seam(_AcceleratorConnector._check_config_and_set_final_flags)
+    setattr(wrapper, _MARKER, True)
+    _AcceleratorConnector._check_config_and_set_final_flags = wrapper  # type: ignore[method-assign]
+
+
 def _level(owner: type) -> int:
     return int(getattr(owner, _NATIVE_MARKER, 0))
 
@@ -94,6 +118,8 @@ def _is_native(seam: Seam) -> bool:
     """Whether the patched Lightning carries this seam: the hang checks' ones came with level 2, as did the part of
     ``_ResultMetric.forward`` that says which value syncs."""
     owner, name, _ = seam
+    if (owner, name) == (_DataFetcher, "setup"):
+        return _level(owner) >= _SETUP
     decisions_only = (owner, name) in _LEVEL_1_SEAMS
     return _level(owner) >= (_DECISIONS if decisions_only else _HANG)
 
@@ -116,7 +142,7 @@ _LEVEL_1_SEAMS = frozenset(
 
 
 def _all_seams() -> tuple[Seam, ...]:
-    return (*_seams(), *_hang_seams())
+    return (*_seams(), *_hang_seams(), (_DataFetcher, "setup", _loaders_seam))
 
 
 def _seams() -> tuple[Seam, ...]:
@@ -285,6 +311,26 @@ def _fetch_seam(original: Callable[..., Any]) -> Callable[..., Any]:
         return hang_hooks.fetch(self, functools.partial(original, self))
 
     return __next__
+
+
+def _loaders_seam(original: Callable[..., None]) -> Callable[..., None]:
+    @functools.wraps(original)
+    def setup(self: _DataFetcher, combined_loader: Any) -> None:
+        setup_checks.before_iteration(combined_loader)  # every loop sets its fetcher up right before iterating
+        original(self, combined_loader)
+
+    return setup
+
+
+def _trainer_check_seam(original: Callable[..., None]) -> Callable[..., None]:
+    @functools.wraps(original)
+    def _check_config_and_set_final_flags(self: _AcceleratorConnector, strategy: Any, *args: Any, **kw: Any) -> None:
+        theirs = getattr(type(strategy), "_lightning_package", None)  # set on PolicyStrategyMixin, per package
+        if theirs is not None and theirs != _compat.PACKAGE:
+            raise strategy_for_other_package(type(strategy), theirs, _compat.PACKAGE, "this Trainer")
+        original(self, strategy, *args, **kw)
+
+    return _check_config_and_set_final_flags
 
 
 def _run_seam(original: Callable[..., Any]) -> Callable[..., Any]:

@@ -31,7 +31,7 @@ class PolicyDDPStrategy(PolicyStrategyMixin, DDPStrategy):
     Takes every :class:`~lightning.pytorch.strategies.DDPStrategy` argument, plus the keyword-only options of
     :class:`~lightning_ext.PolicyStrategyMixin`: ``checkpoint_policy`` (default ``"all"``, as stock),
     ``early_stopping_policy`` (default ``"any"``, as stock), ``per_rank_metrics``, and the hang checks
-    (``hang_checks``, ``uneven_batches``, ``check_unsized_loaders``).
+    (``hang_checks``, ``uneven_batches``, ``check_unsized_loaders``) and ``decision_record``.
 
     A policy is a name from :func:`~lightning_ext.available_policies` or a :class:`~lightning_ext.DecisionPolicy`
     object such as ``Quorum(2)``. Whatever the policy, every rank ends each decision with the same decision, the same
@@ -68,6 +68,7 @@ class PolicyDDPStrategy(PolicyStrategyMixin, DDPStrategy):
         hang_checks: HangChecks = True,
         uneven_batches: UnevenMode = "error",
         check_unsized_loaders: bool = False,
+        decision_record: bool = True,
         **kwargs: Any,
     ) -> None:
         super().__init__(
@@ -89,6 +90,7 @@ class PolicyDDPStrategy(PolicyStrategyMixin, DDPStrategy):
             hang_checks=hang_checks,
             uneven_batches=uneven_batches,
             check_unsized_loaders=check_unsized_loaders,
+            decision_record=decision_record,
             **kwargs,
         )
 

@@ -101,6 +101,7 @@ class PolicyDeepSpeedStrategy(PolicyStrategyMixin, DeepSpeedStrategy):
         hang_checks: HangChecks = True,
         uneven_batches: UnevenMode = "error",
         check_unsized_loaders: bool = False,
+        decision_record: bool = True,
     ) -> None:
         require_deepspeed()
         super().__init__(
@@ -156,6 +157,7 @@ class PolicyDeepSpeedStrategy(PolicyStrategyMixin, DeepSpeedStrategy):
             hang_checks=hang_checks,
             uneven_batches=uneven_batches,
             check_unsized_loaders=check_unsized_loaders,
+            decision_record=decision_record,
         )
 
     @classmethod

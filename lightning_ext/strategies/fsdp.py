@@ -70,6 +70,7 @@ class PolicyFSDPStrategy(PolicyStrategyMixin, FSDPStrategy):
         hang_checks: HangChecks = True,
         uneven_batches: UnevenMode = "error",
         check_unsized_loaders: bool = False,
+        decision_record: bool = True,
         **kwargs: Any,
     ) -> None:
         super().__init__(
@@ -94,6 +95,7 @@ class PolicyFSDPStrategy(PolicyStrategyMixin, FSDPStrategy):
             hang_checks=hang_checks,
             uneven_batches=uneven_batches,
             check_unsized_loaders=check_unsized_loaders,
+            decision_record=decision_record,
             **kwargs,
         )
 

@@ -1,24 +1,38 @@
-"""``PolicyStrategyMixin``: policies, per-rank metrics, hang checks and the stall report for a ``ParallelStrategy``."""
+"""``PolicyStrategyMixin``: the policies, per-rank metrics and hang checks for any Lightning ``ParallelStrategy``."""
 
-import inspect
-import uuid
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
-from lightning.pytorch.strategies import ParallelStrategy, Strategy
+from lightning.pytorch.loggers import Logger
+from lightning.pytorch.strategies import ParallelStrategy
 from typing_extensions import override
 
 from lightning_ext import _collective
-from lightning_ext._collective import RankGroup, all_gather_objects
+from lightning_ext._collective import RankGroup
 from lightning_ext._decisions import checkpoint, early_stopping
 from lightning_ext._hang.guard import HangChecks, HangGuard, UnevenMode, validate_options
-from lightning_ext._hang.stall import OnStall, StallOptions, introduction
+from lightning_ext._hang.stall import OnStall, StallOptions
+from lightning_ext._packages.choice import Package, check_one_package, package_of, strategy_for_other_package
 from lightning_ext._per_rank import local_values
+from lightning_ext._per_rank.decision_file import DecisionFile
 from lightning_ext._per_rank.logger import RankCSVLogger, loggers_for
-from lightning_ext.errors import PolicyMismatchError, mark_joint
+from lightning_ext._per_rank.telemetry import (
+    BACKWARD,
+    COLLECTIVES,
+    FORWARD,
+    OPTIMIZER,
+    StepTimer,
+    Telemetry,
+    timed,
+    timing,
+)
+from lightning_ext._setup import checks as setup_checks
 from lightning_ext.policies import DecisionPolicy, PolicyLike, resolve_policy
 from lightning_ext.rank_metrics import PerRankMetrics
-from lightning_ext.strategies import _runtime
+from lightning_ext.strategies import _compat, _runtime
+from lightning_ext.strategies._class_checks import check_base, check_order
+from lightning_ext.strategies._set_up import agree, invalid_policies
 
 __all__ = ["PolicyStrategyMixin"]
 
@@ -47,6 +61,8 @@ class PolicyStrategyMixin(_Strategy):
         uneven_batches: ``"error"`` (default) or ``"truncate"``: what to do when the ranks' dataloaders have
             different numbers of batches in an epoch.
         check_unsized_loaders: compare loaders without a length after every batch (one small check per step).
+        decision_record: ``True`` (default): with a logger, rank 0 records every decision, every rank's value and vote
+            and why, in ``<log_dir>/decisions.csv`` (``docs/decision-record.md``); ``False``: no record.
         stall_timeout: seconds a rank may wait for the others while no rank makes progress before every rank writes
             the stall report (``<log_dir>/stall_report.txt``) and the run ends with ``StallError``; ``"auto"``
             (default) reports shortly before the process group's timeout and ends the run only at it; ``None``: off.
@@ -60,9 +76,16 @@ class PolicyStrategyMixin(_Strategy):
 
     """
 
+    _lightning_package: ClassVar[Package] = _compat.PACKAGE  # this module is compiled once per Lightning package
+
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        _check_order(cls)  # here, because with the mixin after the strategy, its __init__ would not run to check it
+        base = package_of(cls)
+        if base is not None and base != cls._lightning_package:  # the mixin of one package on the other's strategy
+            raise strategy_for_other_package(cls, cls._lightning_package, base, f"{cls.__name__}'s base strategy")
+        check_order(
+            cls, PolicyStrategyMixin
+        )  # here, because with the mixin after the strategy, its __init__ would not run to check it
 
     def __init__(
         self,
@@ -73,11 +96,14 @@ class PolicyStrategyMixin(_Strategy):
         hang_checks: HangChecks = True,
         uneven_batches: UnevenMode = "error",
         check_unsized_loaders: bool = False,
+        decision_record: bool = True,
         stall_timeout: float | str | None = "auto",
         on_stall: OnStall = "error",
         **kwargs: Any,
     ) -> None:
-        _check_base(type(self))
+        check_base(type(self), PolicyStrategyMixin)
+        if not isinstance(decision_record, bool):
+            raise TypeError(f"decision_record must be True or False, got {decision_record!r}")
         validate_options(hang_checks, uneven_batches, check_unsized_loaders)
         stall_options = StallOptions(stall_timeout, on_stall)  # raises on a bad option
         _runtime.install()
@@ -95,9 +121,13 @@ class PolicyStrategyMixin(_Strategy):
         self._per_rank_metrics = PerRankMetrics() if per_rank_metrics is True else (per_rank_metrics or None)
         self._run_log_dir: str | None = None
         self.rank_metrics_logger: RankCSVLogger | None = None
+        self._telemetry: Telemetry | None = None
+        self._step_timer: StepTimer | None = None  # times the phases below while telemetry is on
         self._hang_guard = HangGuard(
             hang_checks, uneven_batches, check_unsized_loaders, self._flush_rank_files, stall_options
         )
+        self._decision_record = decision_record
+        self.decision_file: DecisionFile | None = None  # rank 0's record, during a run
 
     @property
     def checkpoint_policy(self) -> DecisionPolicy:
@@ -138,9 +168,17 @@ class PolicyStrategyMixin(_Strategy):
     @override
     def setup_environment(self) -> None:
         _runtime.install()  # a spawned or re-launched process imports us afresh
+        self._check_one_package()  # before the process group: every rank raises alike, none waits
         super().setup_environment()
         namespace, peers = self._agree_at_set_up()
         self._hang_guard.start(self._rank(), self.world_size, namespace, self._trainer(), peers)
+        setup_checks.start(setup_checks.SetupChecks(RankGroup.from_strategy(self), self._trainer()))
+
+    @override
+    @contextmanager
+    def tensor_init_context(self, empty_init: bool | None = None) -> Iterator[None]:
+        with setup_checks.inside_init_module(), super().tensor_init_context(empty_init=empty_init):
+            yield
 
     @override
     def setup(self, trainer: Any) -> None:
@@ -158,9 +196,17 @@ class PolicyStrategyMixin(_Strategy):
         super().on_train_start()
         self._hang_guard.watch_signals()  # Lightning installed its signal handlers just before the loops started
         trainer = self._trainer()
+        if self.decision_file is not None and trainer is not None and trainer.ckpt_path is not None:
+            self.decision_file.resume_from_step = trainer.global_step  # later decisions are made again
         if self.rank_metrics_logger is not None and trainer is not None and trainer.ckpt_path is not None:
             # resumed: rows after the checkpoint's step will be logged again, so the writer drops them from the file
             self.rank_metrics_logger.resume_from_step = trainer.fit_loop.epoch_loop._batches_that_stepped
+        options = self._per_rank_metrics
+        if self.rank_metrics_logger is not None and trainer is not None and options is not None and options.telemetry:
+            cuda = self.root_device if self.root_device.type == "cuda" else None
+            self._telemetry = Telemetry(self.rank_metrics_logger, self._rank(), options.telemetry_every_n_steps, cuda)
+            self._telemetry.attach(trainer)
+            self._step_timer = self._telemetry.timer
 
     @override
     def on_validation_start(self) -> None:
@@ -175,11 +221,18 @@ class PolicyStrategyMixin(_Strategy):
     @override
     def teardown(self) -> None:
         self._hang_guard.unwatch_backward_passes(self)
+        setup_checks.stop()
         try:
             self._hang_guard.finish(self._trainer())
         finally:
             self._hang_guard.stop()
+        decision_file, self.decision_file = self.decision_file, None
+        if decision_file is not None:
+            decision_file.close()
         rank_logger, self.rank_metrics_logger = self.rank_metrics_logger, None
+        telemetry, self._telemetry, self._step_timer = self._telemetry, None, None
+        if telemetry is not None:
+            telemetry.detach()  # its last row, before the file is closed
         if rank_logger is not None:
             local_values.stop_capture()
             rank_logger.close()
@@ -205,31 +258,60 @@ class PolicyStrategyMixin(_Strategy):
         return loggers_for(trainer, metrics)
 
     @override
+    def training_step(self, *args: Any, **kwargs: Any) -> Any:
+        return timed(self._step_timer, FORWARD, super().training_step, *args, **kwargs)
+
+    @override
+    def backward(self, *args: Any, **kwargs: Any) -> Any:
+        return timed(self._step_timer, BACKWARD, super().backward, *args, **kwargs)
+
+    @override
+    def optimizer_step(self, *args: Any, **kwargs: Any) -> Any:
+        return timed(self._step_timer, OPTIMIZER, super().optimizer_step, *args, **kwargs)
+
+    @override
     def reduce(self, tensor: Any, group: Any | None = None, reduce_op: Any = "mean") -> Any:
         tensor = _collective.exact_mean_input(tensor, reduce_op)
-        return self._hang_guard.reduce(super().reduce, tensor, group, reduce_op)  # type: ignore[safe-super]
+        with timing(self._step_timer, COLLECTIVES):
+            return self._hang_guard.reduce(super().reduce, tensor, group, reduce_op)  # type: ignore[safe-super]
 
     @override
     def barrier(self, name: str | None = None) -> None:
-        self._hang_guard.check_call(f"strategy.barrier({name!r})", ("barrier", name))
-        super().barrier(name)  # type: ignore[safe-super]
+        with timing(self._step_timer, COLLECTIVES):
+            self._hang_guard.check_call(f"strategy.barrier({name!r})", ("barrier", name))
+            super().barrier(name)  # type: ignore[safe-super]
 
     @override
     def broadcast(self, obj: Any, src: int = 0) -> Any:
-        self._hang_guard.check_call(f"strategy.broadcast(src={src})", ("broadcast", src))
-        return super().broadcast(obj, src)  # type: ignore[safe-super]
+        with timing(self._step_timer, COLLECTIVES):
+            self._hang_guard.check_call(f"strategy.broadcast(src={src})", ("broadcast", src))
+            return super().broadcast(obj, src)  # type: ignore[safe-super]
 
     @override
     def all_gather(self, tensor: Any, group: Any | None = None, sync_grads: bool = False) -> Any:
-        if _collective.is_world(group):
-            shape = tuple(tensor.shape) if hasattr(tensor, "shape") else None
-            identity = ("all_gather", shape, str(getattr(tensor, "dtype", None)))
-            self._hang_guard.check_call("strategy.all_gather()", identity, debug_only=True)
-        return super().all_gather(tensor, group=group, sync_grads=sync_grads)
+        with timing(self._step_timer, COLLECTIVES):
+            if _collective.is_world(group):
+                shape = tuple(tensor.shape) if hasattr(tensor, "shape") else None
+                identity = ("all_gather", shape, str(getattr(tensor, "dtype", None)))
+                self._hang_guard.check_call("strategy.all_gather()", identity, debug_only=True)
+            return super().all_gather(tensor, group=group, sync_grads=sync_grads)
 
     def on_run_failure(self, error: BaseException) -> None:
         """The ``Trainer._run`` seam: a fit/validate/test raised on this rank (see :class:`HangGuard.on_failure`)."""
         self._hang_guard.on_failure(error, self._rank())
+
+    def _check_one_package(self) -> None:
+        """Raise if the run holds objects of the other Lightning package (they would escape the seams silently)."""
+        trainer = self._trainer()
+        parts: list[tuple[str, object]] = [("the accelerator", self.accelerator)]
+        parts += [("the precision plugin", self.precision_plugin)]
+        parts += [("the cluster environment", self.cluster_environment), ("the checkpoint IO", self._checkpoint_io)]
+        if trainer is not None:
+            parts += [("the Trainer", trainer), ("the LightningModule", trainer.lightning_module)]
+            parts += [("the datamodule", trainer.datamodule)] if trainer.datamodule is not None else []
+            parts += [(f"the callback {type(callback).__name__}", callback) for callback in trainer.callbacks]
+            parts += [(f"the logger {type(logger).__name__}", logger) for logger in trainer.loggers]
+        check_one_package(self._lightning_package, parts, type(self).__name__)
 
     def _flush_rank_files(self) -> None:
         if self.rank_metrics_logger is not None:
@@ -244,152 +326,21 @@ class PolicyStrategyMixin(_Strategy):
         return None if module is None else getattr(module, "_trainer", None)
 
     def _agree_at_set_up(self) -> tuple[str, list[Any]]:
-        """One gather at set-up; then every rank validates what every rank brought, and raises alike.
-
-        Validation comes after the gather so that no rank raises while the others wait in it. Each rank resolving its
-        own logger version is a known Lightning bug (#18294, #8945): the ranks adopt rank 0's.
-        At world size 1 nothing is exchanged. Returns the run's namespace in the store (rank 0's) and every rank's
-        introduction to the stall monitor.
-        """
-        trainer = self._trainer()
-        rank = self._rank()
-        mine = {
-            "options": (
-                self._checkpoint_policy.describe(),
-                self._early_stopping_policy.describe(),
-                repr(self._per_rank_metrics),
-                repr((self._hang_guard.mode, self._hang_guard.uneven_batches, self._hang_guard.check_unsized_loaders)),
-                repr(self._hang_guard.stall_options),
-            ),
-            "invalid": _invalid_policies(self._checkpoint_policy, self._early_stopping_policy, self.world_size),
-            "loggers": None if trainer is None else len(_versioned_loggers(trainer)),
-            "versions": _logger_versions(trainer) if rank == 0 else None,
-            "log_dir": _log_dir(trainer) if rank == 0 and self._per_rank_metrics else None,
-            "namespace": f"lightning_ext/{uuid.uuid4().hex}/" if rank == 0 else None,
-            "stall": introduction(_log_dir(trainer) if rank == 0 and trainer is not None else None),
-        }
-        everyone = all_gather_objects(mine, RankGroup.from_strategy(self))
-        try:
-            _validate_agreement(everyone)
-        except Exception as error:  # every rank saw the same data, so every rank raises this
-            raise mark_joint(error) from None
-        if trainer is not None and everyone[0]["versions"] is not None:
-            for logger, version in zip(_versioned_loggers(trainer), everyone[0]["versions"], strict=True):
-                logger._version = version
-        self._run_log_dir = everyone[0]["log_dir"]
-        namespace: str = everyone[0]["namespace"]
-        return namespace, [theirs["stall"] for theirs in everyone]
-
-
-def _validate_agreement(everyone: list[dict[str, Any]]) -> None:
-    """Raise the same error on every rank if the ranks' set-up disagrees or is invalid (every rank sees everything)."""
-    invalid = [(rank, theirs["invalid"]) for rank, theirs in enumerate(everyone) if theirs["invalid"]]
-    if invalid:
-        listing = "; ".join(f"rank {rank}: {problem}" for rank, problem in invalid)
-        raise ValueError(f"Invalid decision policy: {listing}")
-    if any(theirs["options"] != everyone[0]["options"] for theirs in everyone):
-        listing = "; ".join(
-            f"rank {rank}: checkpoint_policy={theirs['options'][0]}, early_stopping_policy={theirs['options'][1]},"
-            f" per_rank_metrics={theirs['options'][2]}, hang checks={theirs['options'][3]}, {theirs['options'][4]}"
-            for rank, theirs in enumerate(everyone)
+        """Set-up's one exchange (see :func:`~lightning_ext.strategies._set_up.agree`); returns the store namespace
+        and every rank's introduction to the stall monitor."""
+        guard = self._hang_guard
+        options = (
+            self._checkpoint_policy.describe(),
+            self._early_stopping_policy.describe(),
+            repr(self._per_rank_metrics),
+            repr((guard.mode, guard.uneven_batches, guard.check_unsized_loaders)),
+            repr(self._decision_record),
+            repr(guard.stall_options),
         )
-        raise PolicyMismatchError(f"The strategy is configured differently on different ranks: {listing}")
-    counts = [theirs["loggers"] for theirs in everyone]
-    if len(set(counts)) > 1:
-        listing = ", ".join(f"rank {rank}: {count}" for rank, count in enumerate(counts))
-        raise PolicyMismatchError(
-            f"The ranks configured different numbers of CSV/TensorBoard loggers ({listing}); every rank must configure"
-            " the same loggers"
-        )
-
-
-def _invalid_policies(checkpoint: DecisionPolicy, early_stopping: DecisionPolicy, world_size: int) -> str | None:
-    """What is wrong with the policies at this world size (checked locally, reported after the gather)."""
-    for name, policy in (("checkpoint_policy", checkpoint), ("early_stopping_policy", early_stopping)):
-        try:
-            policy.validate(world_size)
-        except ValueError as error:
-            return f"{name}={policy!r}: {error}"
-    return None
-
-
-def _check_base(cls: type) -> None:
-    """Raise a ``TypeError`` that names the problem if the mixin cannot work in ``cls``.
-
-    ``cls`` must be a ``ParallelStrategy``, with the mixin before every strategy class in its bases, and its
-    ``reduce_boolean_decision`` must take Lightning's calls (``(decision)`` and ``(decision, all=False)``) and let the
-    policies swap in each rank's own decision (an instance attribute, as :mod:`lightning_ext._decisions.checkpoint`
-    does).
-    """
-    if not issubclass(cls, ParallelStrategy):
-        raise TypeError(
-            f"{cls.__qualname__} applies PolicyStrategyMixin to a strategy that is not a ParallelStrategy; the policies"
-            " decide across ranks, so the mixin needs a parallel strategy such as DDPStrategy, FSDPStrategy,"
-            " ModelParallelStrategy or DeepSpeedStrategy"
-        )
-    _check_order(cls)
-    owner = next(base for base in cls.__mro__ if "reduce_boolean_decision" in base.__dict__)
-    if owner is ParallelStrategy:
-        return
-    problem = _incompatible_decision(owner.__dict__["reduce_boolean_decision"])
-    if problem is not None:
-        raise TypeError(
-            f"{owner.__qualname__}.reduce_boolean_decision {problem}; PolicyStrategyMixin needs one that Lightning's"
-            " callbacks can call as reduce_boolean_decision(decision) and reduce_boolean_decision(decision, all=False),"
-            " a plain method like ParallelStrategy.reduce_boolean_decision(self, decision: bool, all: bool = True)"
-        )
-
-
-def _check_order(cls: type) -> None:
-    """The mixin must come before the strategy in the bases, or its methods (``__init__`` first) never run."""
-    mro = cls.__mro__
-    if not issubclass(cls, ParallelStrategy) or PolicyStrategyMixin not in mro:
-        return
-    before = mro[: mro.index(PolicyStrategyMixin)]
-    ahead = [base for base in before if issubclass(base, Strategy) and not issubclass(base, PolicyStrategyMixin)]
-    if ahead:
-        raise TypeError(
-            f"{cls.__qualname__} lists {ahead[0].__qualname__} before PolicyStrategyMixin, so the mixin's methods never"
-            f" run; put the mixin first: class {cls.__name__}(PolicyStrategyMixin, {ahead[0].__name__})"
-        )
-
-
-def _incompatible_decision(found: object) -> str | None:
-    """What keeps an overriding ``reduce_boolean_decision`` from working with the policies, or ``None``."""
-    if isinstance(found, (staticmethod, classmethod)):
-        function, leading = found.__func__, () if isinstance(found, staticmethod) else (object,)
-    elif inspect.isfunction(found):
-        function, leading = found, (object,)
-    else:
-        return f"is a {type(found).__name__}, not a method"
-    try:
-        signature = inspect.signature(function)
-    except (TypeError, ValueError):
-        return "has no signature that can be read"
-    try:
-        signature.bind(*leading, True)
-        signature.bind(*leading, True, all=False)
-    except TypeError:
-        return f"has the signature {signature}"
-    return None
-
-
-def _versioned_loggers(trainer: Any) -> list[CSVLogger | TensorBoardLogger]:
-    """The loggers that pick a ``version_N`` directory on their own (the ones that can disagree across ranks)."""
-    return [logger for logger in trainer.loggers if isinstance(logger, (CSVLogger, TensorBoardLogger))]
-
-
-def _logger_versions(trainer: Any) -> list[int | str | None] | None:
-    if trainer is None:
-        return None
-    return [logger.version for logger in _versioned_loggers(trainer)]
-
-
-def _log_dir(trainer: Any) -> str:
-    """The run's log directory, as ``Trainer.log_dir`` defines it (without its broadcast)."""
-    if trainer.loggers:
-        first = trainer.loggers[0]
-        directory = first.log_dir if isinstance(first, (TensorBoardLogger, CSVLogger)) else first.save_dir
-        if directory is not None:
-            return str(directory)
-    return str(trainer.default_root_dir)
+        invalid = invalid_policies(self._checkpoint_policy, self._early_stopping_policy, self.world_size)
+        trainer, ranks = self._trainer(), RankGroup.from_strategy(self)
+        agreed = agree(trainer, ranks, options, invalid, self._per_rank_metrics is not None, self._decision_record)
+        self._run_log_dir = agreed.log_dir
+        if ranks.rank == 0 and agreed.record_dir is not None:  # the run's id: its namespace's
+            self.decision_file = DecisionFile(agreed.record_dir, agreed.namespace.split("/")[1][:12])
+        return agreed.namespace, agreed.peers

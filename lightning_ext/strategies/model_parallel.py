@@ -43,6 +43,7 @@ class PolicyModelParallelStrategy(PolicyStrategyMixin, ModelParallelStrategy):
         hang_checks: HangChecks = True,
         uneven_batches: UnevenMode = "error",
         check_unsized_loaders: bool = False,
+        decision_record: bool = True,
     ) -> None:
         super().__init__(
             data_parallel_size=data_parallel_size,
@@ -56,4 +57,5 @@ class PolicyModelParallelStrategy(PolicyStrategyMixin, ModelParallelStrategy):
             hang_checks=hang_checks,
             uneven_batches=uneven_batches,
             check_unsized_loaders=check_unsized_loaders,
+            decision_record=decision_record,
         )

@@ -37,6 +37,7 @@ TRAINING_CONFIGS = (
     "stock_5_synced",
     "stock_5_synced_twin",
     "hang_checks_5_synced",
+    "telemetry",
 )
 TRAINING_SUBJECTS = {  # training_step_cpu/*: a diagnostic, CPU time of the main thread
     f"{prefix}/{config}" for prefix in ("training_step", "training_step_cpu") for config in TRAINING_CONFIGS
@@ -84,6 +85,22 @@ def test_smoke_reports_the_cost_of_one_per_rank_row(smoke: tuple[Path, subproces
         assert spread["low"] <= spread["median"] <= spread["high"], figure
     # measured, not assumed: a row costs something, and far less than a whole training step
     assert 0 < cost["row_cpu_us"]["median"] < cost["stock_step_cpu_us"]
+    # so does a telemetry sample (its phases timed, its row written), and one memory reading
+    assert 0 < cost["sample_cpu_us"]["median"] < cost["stock_step_cpu_us"]
+    assert cost["memory_cpu_us"]["median"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_smoke_reports_the_cost_of_one_decision_record_row(
+    smoke: tuple[Path, subprocess.CompletedProcess[str]],
+) -> None:
+    document = _document(smoke[0])
+    sessions = {cost["session"]: cost for cost in document["record_cost"]}
+    assert "gloo/cpu W=2" in sessions
+    for cost in sessions.values():
+        assert cost["rows"] > 0 and 0 < cost["cpu_us"]["low"] <= cost["cpu_us"]["median"] <= cost["cpu_us"]["high"]
+    assert "## Decision record row cost" in (smoke[0] / "smoke.md").read_text(encoding="utf-8")
 
 
 @pytest.mark.slow
@@ -134,14 +151,18 @@ def test_smoke_collectives_are_counted(smoke: tuple[Path, subprocess.CompletedPr
     for row in rows:
         path, _, name = row["subject"].partition("/")
         if path in ("checkpoint", "early_stopping") and name != "stock":
-            assert row["collectives"] == 1 and row["collectives_by_name"] == {"all_reduce": 1}, row
+            assert row["collectives"] == 1 and row["collectives_by_name"] == {"all_to_all_single": 1}, row
+            # every rank's row of 4 int64, received from every rank (the row carries no file-name metric here)
+            assert row["received_bytes"] == row["world_size"] * 4 * 8, row
         elif path in ("checkpoint", "early_stopping"):  # stock: _sync_ddp's barrier, then its all_reduce
             assert row["collectives_by_name"] == {"all_reduce": 1, "barrier": 1}, row
+            assert row["received_bytes"] == 8, row  # the all-reduced flag (the barrier passes no tensor)
     steps = {row["subject"]: row for row in rows if row["subject"] in TRAINING_SUBJECTS}
     assert steps["training_step/stock"]["collectives"] > 0  # the counter sees the synced metric
     stock = steps["training_step/stock"]
     assert steps["training_step/per_rank_metrics"]["collectives_by_name"] == stock["collectives_by_name"]
     assert steps["training_step/stock_twin"]["collectives_by_name"] == stock["collectives_by_name"]
+    assert steps["training_step/telemetry"]["collectives_by_name"] == stock["collectives_by_name"]  # none added
     # the default checks replace the barrier of each synced log's _sync_ddp with a check: the same number, no barrier
     for checked_config, baseline in (("hang_checks", "stock"), ("hang_checks_5_synced", "stock_5_synced")):
         base = steps[f"training_step/{baseline}"]["collectives_by_name"]
@@ -152,7 +173,7 @@ def test_smoke_collectives_are_counted(smoke: tuple[Path, subprocess.CompletedPr
     five, one = steps["training_step/stock_5_synced"]["collectives_by_name"], stock["collectives_by_name"]
     assert five["barrier"] - one["barrier"] == five["all_reduce"] - one["all_reduce"] == 4  # four more synced values
     extra = [t for t in document["targets"] if t["name"] == "extra collectives per logging step"]
-    assert len(extra) == 3 and all(t["value"] == 0 and t["met"] for t in extra)
+    assert len(extra) == 4 and all(t["value"] == 0 and t["met"] for t in extra)
     counted = [t for t in document["targets"] if t["name"] == "collectives per decision"]
     assert len(counted) == 2 * 2 * len(POLICIES) and all(t["met"] for t in counted)
 

@@ -160,7 +160,7 @@ def test_the_command_starts_without_lightning_or_torch_and_quickly(log_dir):
         "start = time.perf_counter()\n"
         "from lightning_ext.cli import main\n"
         f"code = main(['ranks', {str(log_dir)!r}, '--format', 'json'])\n"
-        "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'lightning', 'matplotlib'))\n"
+        "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'lightning', 'matplotlib', 'psutil'))\n"
         "print(code, time.perf_counter() - start, heavy, file=sys.stderr)\n"
     )
     env = {**os.environ, "PYTHONPATH": str(REPO)}

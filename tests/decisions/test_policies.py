@@ -35,6 +35,32 @@ def test_each_vote_policy_decides_as_defined_on_any_tally(case: tuple[list[bool]
     assert RankZero().decide(tally) is votes[0]
     for k in range(1, len(votes) + 1):
         assert Quorum(k).decide(tally) is (sum(votes) >= k)
+    for percent in (1, 10, 25, 50, 66, 70, 75, 90, 99):
+        # at least percent% of the ranks, rounded up, in whole-number arithmetic on the written decimal
+        assert Quorum(percent / 100).decide(tally) is (100 * sum(votes) >= percent * len(votes))
+
+
+@pytest.mark.parametrize(
+    ("k", "world", "needed"),
+    [(0.75, 4, 3), (0.75, 8, 6), (0.75, 5, 4), (0.1, 10, 1), (0.3, 10, 3), (0.7, 10, 7), (0.5, 1, 1), (0.01, 3, 1)],
+)
+def test_a_fraction_quorum_needs_that_share_of_the_ranks_rounded_up(k: float, world: int, needed: int) -> None:
+    assert Quorum(k).needed(world) == needed  # 0.1 * 10 and 0.7 * 10 are not whole numbers in floating point
+    Quorum(k).validate(world)  # a fraction can always be met
+
+
+def test_a_whole_number_quorum_keeps_its_meaning_and_reprs_stay_distinct() -> None:
+    assert Quorum(2).needed(100) == 2
+    assert repr(Quorum(2)) == "Quorum(k=2)" and repr(Quorum(0.75)) == "Quorum(k=0.75)"
+    assert Quorum(0.5) != Quorum(1) and Quorum(0.75) == Quorum(0.75)
+
+
+def test_named_fraction_quorums_resolve() -> None:
+    assert resolve_policy("quorum_75") == Quorum(0.75)
+    assert resolve_policy("Quorum_5") == Quorum(0.05)
+    for bad in ("quorum_0", "quorum_100", "quorum_075", "quorum_x"):
+        with pytest.raises(ValueError, match="'quorum_<p>' for at least p% of the ranks"):
+            resolve_policy(bad)
 
 
 def test_majority_tie_does_not_act() -> None:
@@ -62,10 +88,16 @@ def test_resolving_a_non_policy_is_a_type_error(bad: object) -> None:
         resolve_policy(bad)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("k", [0, -1, 1.5, True, "2"])
-def test_quorum_needs_a_positive_whole_number(k: object) -> None:
-    with pytest.raises(ValueError, match="Quorum"):
+@pytest.mark.parametrize("k", [0, -1, True, "2", None])
+def test_quorum_needs_a_positive_whole_number_or_a_fraction(k: object) -> None:
+    with pytest.raises(ValueError, match="whole number of ranks k >= 1, or a fraction"):
         Quorum(k)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("k", [0.0, 1.0, 1.5, 2.0, -0.5, float("nan"), float("inf")])
+def test_a_fraction_outside_zero_to_one_says_what_to_write(k: float) -> None:
+    with pytest.raises(ValueError, match=r"between 0 and 1, e.g. Quorum\(0.75\).*Quorum\(3\).*'all'"):
+        Quorum(k)
 
 
 def test_quorum_larger_than_world_is_rejected_at_validation() -> None:
@@ -84,6 +116,7 @@ def test_policies_survive_pickling_and_compare_by_description() -> None:
         policy = resolve_policy(name)
         assert pickle.loads(pickle.dumps(policy)) == policy
     assert Quorum(2) == Quorum(2) != Quorum(3)
+    assert pickle.loads(pickle.dumps(Quorum(0.75))).needed(8) == 6
     assert len({Quorum(2), Quorum(2), Majority()}) == 2
 
 

@@ -32,7 +32,7 @@ NAMED = ["all", "any", "majority", "rank_zero", "mean", "min", "max"]
 
 def every_policy(world: int) -> list[str]:
     """Each example runs every policy on the same per-rank data: the rules are tested side by side."""
-    return [*NAMED, *(f"quorum:{k}" for k in range(1, world + 1)), "two_thirds"]
+    return [*NAMED, *(f"quorum:{k}" for k in range(1, world + 1)), "quorum%:75", "two_thirds"]
 
 
 AGGREGATES = _reference.AGGREGATES
@@ -73,68 +73,69 @@ def expect_same_error(call: Callable[[], Any], world: int, fragment: str) -> Non
 
 
 @st.composite
-def exchange_cases(draw: st.DrawFn) -> tuple[int, str, bool, int, list[Observation]]:
+def exchange_cases(draw: st.DrawFn) -> tuple[int, str, int, list[Observation]]:
     world = draw(st.integers(1, 4))
     kind = draw(st.sampled_from(["vote", "mean", "min", "max"]))
     n_extras = draw(st.integers(0, 2))
     value = st.one_of(st.none(), VALUES) if draw(st.integers(0, 5)) == 0 else VALUES
     observations = [
         Observation(
-            draw(value), draw(st.booleans()), tuple(draw(st.one_of(st.none(), VALUES)) for _ in range(n_extras))
+            draw(value),
+            draw(st.booleans()),
+            tuple(draw(st.one_of(st.none(), VALUES)) for _ in range(n_extras)),
+            reference=draw(st.one_of(st.none(), VALUES)),
+            detail=draw(st.integers(0, 1000)),
         )
         for _ in range(world)
     ]
-    return world, kind, draw(st.booleans()), n_extras, observations
+    return world, kind, n_extras, observations
 
 
-def expected_agreement(kind: str, with_reference: bool, observations: list[Observation]) -> dict[str, Any]:
-    """What one exchange must tell every rank, worked out from the observations alone (no packing, no combine)."""
+def expected_agreement(kind: str, observations: list[Observation]) -> dict[str, Any]:
+    """What one exchange must tell every rank, worked out from the observations alone (no packing, no rows)."""
     present = [obs.value is not None for obs in observations]
     expected: dict[str, Any] = {
         "presence": "all" if all(present) else "none" if not any(present) else "mixed",
         "failed": False,
+        # every rank's own part, for rank 0's decision record
+        "ranks": [(obs.value, obs.vote if obs.value is not None else None, obs.reference) for obs in observations],
         "extras": None,
     }
     if not all(present):
         return expected
     values: list[float] = [obs.value for obs in observations]  # type: ignore[misc]
     expected["extras"] = list(observations[0].extras)  # rank 0's file-name metrics
+    expected["nonfinite"] = any(not math.isfinite(v) for v in values)
     if kind == "vote":
         votes = [obs.vote for obs in observations]
-        expected.update(yes=sum(votes), rank_zero_vote=votes[0])
-        expected["nonfinite"] = any(not math.isfinite(v) for v in values)
-        if with_reference:
-            expected["value"] = values[0]
+        expected.update(yes=sum(votes), rank_zero_vote=votes[0], value=values[0])
     else:
         expected["value"] = _reference.aggregate(kind, values)
-        total_finite = math.isfinite(sum(values)) if kind == "mean" else all(math.isfinite(v) for v in values)
-        expected["nonfinite"] = not total_finite
     return expected
 
 
 def observed_agreement(agreement: Any, expected: dict[str, Any]) -> dict[str, Any]:
     """The same keys, read from what a rank got back."""
-    seen = {key: getattr(agreement, key) for key in expected if key != "extras"}
-    if expected["extras"] is not None:
-        seen["extras"] = list(agreement.extras)
-    else:
-        seen["extras"] = None
+    seen = {key: getattr(agreement, key) for key in expected if key not in ("extras", "ranks")}
+    seen["extras"] = list(agreement.extras) if expected["extras"] is not None else None
+    seen["ranks"] = [(view.value, view.vote, view.reference) for view in agreement.ranks]
     return seen
 
 
 @given(exchange_cases())
-def test_property_one_exchange_tells_every_rank_presence_votes_and_values(rank_pools: Any, case: Any) -> None:
-    """Through a real gloo all-reduce: who has the metric, the tally, rank 0's value or the aggregate, rank 0's
-    file-name metrics, and whether any value is non-finite, checked against the observations themselves."""
-    world, kind, with_reference, n_extras, observations = case
+def test_property_one_exchange_tells_every_rank_presence_votes_values_and_every_ranks_part(
+    rank_pools: Any, case: Any
+) -> None:
+    """Through a real gloo all-to-all: who has the metric, the tally, rank 0's value or the aggregate, rank 0's
+    file-name metrics, whether any value is non-finite, and each rank's own value, vote and reference (what rank 0's
+    decision record shows), checked against the observations themselves; every rank received the same rows."""
+    world, kind, n_extras, observations = case
     results = run_on_ranks(
-        rank_pools,
-        world,
-        "tests.helpers.decision_tasks:exchange",
-        [(kind, with_reference, n_extras, obs) for obs in observations],
+        rank_pools, world, "tests.helpers.decision_tasks:exchange", [(kind, n_extras, obs) for obs in observations]
     )
-    expected = expected_agreement(kind, with_reference, observations)
-    for rank, (_, agreement) in enumerate(results):
+    expected = expected_agreement(kind, observations)
+    for rank, (rows, agreement) in enumerate(results):
+        assert rows == results[0][0], f"rank {rank} received other rows"
         assert _plain(observed_agreement(agreement, expected)) == _plain(expected), f"rank {rank}"
 
 
@@ -235,18 +236,18 @@ def test_property_early_stopping_state_matches_the_stock_reference_on_every_rank
 def test_property_arbitrary_float32_values_reduce_to_the_reference_value(
     rank_pools: Any, world: int, data: st.DataObject
 ) -> None:
-    """Arbitrary float32 values (not only exactly summable ones): each rank reads back the mean within rounding, the
-    exact extreme, or rank 0's exact value (vote)."""
+    """Arbitrary float32 values (not only exactly summable ones): each rank reads back the mean summed in rank order,
+    the exact extreme, or rank 0's exact value (vote)."""
     kind = data.draw(st.sampled_from(["mean", "min", "max", "vote"]))
     values = data.draw(st.lists(st.floats(width=32), min_size=world, max_size=world))
     assume(all(math.isfinite(v) for v in values) or kind != "mean")
     results = rank_pools(world).run(
-        "tests.helpers.decision_tasks:exchange", *[(kind, True, 0, Observation(v, True)) for v in values]
+        "tests.helpers.decision_tasks:exchange", *[(kind, 0, Observation(v, True)) for v in values]
     )
     for rank, (_, agreement) in enumerate(results):
         agreed = agreement.value
         if kind == "mean":
-            assert math.isclose(agreed, math.fsum(values) / world, rel_tol=1e-12, abs_tol=1e-300), f"rank {rank}"
+            assert _plain(agreed) == _plain(_reference.aggregate(kind, values)), f"rank {rank}"
         elif kind == "vote":
             assert _plain(agreed) == _plain(values[0]), f"rank {rank}"
         else:

@@ -31,14 +31,14 @@ def assert_group_in_step(pool: RankPool) -> None:
     """A real exchange through the pool's process group gives every rank the right tally: the group still works and
     its ranks are in step (a rank still inside an earlier collective would hang this one, by its deadline)."""
     world = pool.world_size
-    per_rank = [("vote", True, 0, Observation(float(rank), vote=rank % 2 == 0)) for rank in range(world)]
+    per_rank = [("vote", 0, Observation(float(rank), vote=rank % 2 == 0)) for rank in range(world)]
     results = pool.run("tests.helpers.decision_tasks:exchange", *per_rank, timeout=30)
     for rank, (_, agreement) in enumerate(results):
         assert (agreement.presence, agreement.yes, agreement.value) == ("all", (world + 1) // 2, 0.0), f"rank {rank}"
 
 
 @pytest.mark.parametrize("callback", ["checkpoint", "early_stopping"])
-@pytest.mark.parametrize("policy", ["all", "mean"])
+@pytest.mark.parametrize("policy", ["all", pytest.param("mean", marks=pytest.mark.both_packages)])
 def test_metric_logged_on_rank_zero_only_is_one_error_on_every_rank(
     rank_pools: Any, tmp_path: Any, callback: str, policy: str
 ) -> None:
@@ -57,13 +57,62 @@ def test_metric_logged_on_rank_zero_only_is_one_error_on_every_rank(
             **options,
         )
     elapsed = time.monotonic() - started
+    option = "checkpoint_policy" if callback == "checkpoint" else "early_stopping_policy"
     same_error_everywhere(
-        raised.value, 3, "MonitorMissingError", "'val_loss'", "missing on rank(s) [1, 2]", "logged on rank(s) [0]"
+        raised.value,
+        3,
+        "MonitorMissingError",
+        "'val_loss'",
+        "missing on rank(s) [1, 2]",
+        "logged on rank(s) [0]",
+        f"Under {option}='{policy}' every rank decides with its own value",
+        f"use {option}='rank_zero': rank 0's value then decides for every rank",
     )
     assert elapsed < 20, f"took {elapsed:.1f}s"
     # the same process group carries on: every rank left the failed decision at the same point
     assert_group_in_step(pool)
     assert pool.starts == starts
+
+
+def test_a_metric_logged_on_rank_zero_only_decides_under_rank_zero(rank_pools: Any, tmp_path: Any) -> None:
+    """``self.log(..., rank_zero_only=True)`` under ``if self.trainer.is_global_zero:``: rank 0's own values decide,
+    every rank ends with the same paths. Rank 0 sees 4, 3, 3.5: saves at epochs 0 and 1; EarlyStopping(patience=1)
+    stops at epoch 2 (3.5 does not improve on 3)."""
+    pool = rank_pools(3)
+    strategy = {"checkpoint_policy": "rank_zero", "early_stopping_policy": "rank_zero"}
+    results = pool.run(
+        "tests.helpers.decision_scenarios:fit",
+        (str(tmp_path), strategy, TABLE_3),
+        log_on="rank_zero",
+        checkpoint=CKPT,
+        early_stopping=STOPPING,
+        timeout=90,
+    )
+    for result in results:
+        assert result["saves"] == ["epoch=0-val_loss=4.00.ckpt", "epoch=1-val_loss=3.00.ckpt"], result
+        assert (result["best_model_path"], result["best_model_score"]) == ("epoch=1-val_loss=3.00.ckpt", 3.0)
+        assert (result["should_stop"], result["stopped_epoch"]) == (True, 2), result
+    assert results[0]["files"] == ["epoch=1-val_loss=3.00.ckpt"]
+
+
+def test_a_step_metric_logged_on_rank_zero_only_saves_on_every_rank_under_rank_zero(
+    rank_pools: Any, tmp_path: Any
+) -> None:
+    """A step-based save of a metric only rank 0 logs: ModelCheckpoint's own check for the metric, made on each rank
+    alone, would defer the save on rank 1 while rank 0 saves (a hang in the save's barrier); every rank saves alike.
+    Rank 0's train_metric per step: 4, 3, 3.5, 2, 2.5 (save_top_k=1)."""
+    results = rank_pools(2).run(
+        "tests.helpers.decision_scenarios:fit",
+        (str(tmp_path), {"checkpoint_policy": "rank_zero"}, []),
+        log_on="rank_zero",
+        checkpoint=STEP_CKPT,
+        train_table=STEP_TABLE,
+        max_epochs=5,
+        timeout=90,
+    )
+    expected = ["step=1-train_metric=4.00.ckpt", "step=2-train_metric=3.00.ckpt", "step=4-train_metric=2.00.ckpt"]
+    assert [result["saves"] for result in results] == [expected, expected]
+    assert results[0]["files"] == ["step=4-train_metric=2.00.ckpt"]
 
 
 def test_stock_ddp_hangs_where_the_policy_strategy_raises(rank_pools: Any, tmp_path: Any) -> None:
@@ -85,6 +134,7 @@ def test_stock_ddp_hangs_where_the_policy_strategy_raises(rank_pools: Any, tmp_p
     assert pool.starts == starts + 1
 
 
+@pytest.mark.both_packages
 def test_metric_missing_on_every_rank_keeps_the_stock_error_on_every_rank(rank_pools: Any, tmp_path: Any) -> None:
     pool = rank_pools(2)
     with pytest.raises(RankFailure) as raised:
@@ -107,6 +157,7 @@ def test_metric_missing_on_every_rank_keeps_the_stock_error_on_every_rank(rank_p
     assert [r["should_stop"] for r in results] == [False, False]  # strict=False: skipped on every rank, no hang
 
 
+@pytest.mark.both_packages
 def test_ranks_configured_with_different_policies_fail_at_set_up(rank_pools: Any, tmp_path: Any) -> None:
     pool = rank_pools(2)
     per_rank = [
@@ -124,6 +175,7 @@ def test_ranks_configured_with_different_policies_fail_at_set_up(rank_pools: Any
     )
 
 
+@pytest.mark.both_packages
 def test_quorum_larger_than_the_world_fails_at_set_up_on_every_rank(rank_pools: Any, tmp_path: Any) -> None:
     with pytest.raises(RankFailure) as raised:
         rank_pools(2).run(
@@ -134,6 +186,7 @@ def test_quorum_larger_than_the_world_fails_at_set_up_on_every_rank(rank_pools: 
     same_error_everywhere(raised.value, 2, "Quorum(k=3) can never be met: only 2 rank(s) vote")
 
 
+@pytest.mark.both_packages
 def test_policy_that_does_not_return_a_bool_is_one_error_on_every_rank(rank_pools: Any, tmp_path: Any) -> None:
     with pytest.raises(RankFailure) as raised:
         rank_pools(2).run(
@@ -146,6 +199,7 @@ def test_policy_that_does_not_return_a_bool_is_one_error_on_every_rank(rank_pool
     )
 
 
+@pytest.mark.both_packages
 def test_local_decision_that_is_not_a_bool_is_one_error_on_every_rank(rank_pools: Any, tmp_path: Any) -> None:
     with pytest.raises(RankFailure) as raised:
         rank_pools(3).run(
@@ -172,6 +226,7 @@ def test_pool_reports_a_hang_by_its_deadline(rank_pools: Any) -> None:
     assert time.monotonic() - started < 15
 
 
+@pytest.mark.both_packages
 def test_step_based_checkpoint_with_metric_on_rank_zero_only_is_one_error_on_every_rank(
     rank_pools: Any, tmp_path: Any
 ) -> None:

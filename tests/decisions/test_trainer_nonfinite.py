@@ -34,7 +34,9 @@ def _name(policy: Any) -> str:
 
 # mode=min. e0: the first checkpoint. e1: rank 0 sees a non-finite value, ranks 1 and 2 improve (2 < 4) and vote yes.
 # e2: every rank improves on its own best (4): saved, named with rank 0's 3.00.
-@pytest.mark.parametrize("bad", [math.nan, -math.inf], ids=["nan", "minus_inf"])
+@pytest.mark.parametrize(
+    "bad", [pytest.param(math.nan, marks=pytest.mark.both_packages), -math.inf], ids=["nan", "minus_inf"]
+)
 @pytest.mark.parametrize("policy", VOTES_FOR_SAVING, ids=_name)
 def test_vote_save_with_non_finite_rank_zero_score_is_not_made(
     rank_pools: Any, tmp_path: Any, policy: Any, bad: float
@@ -74,6 +76,7 @@ def test_non_finite_rank_zero_score_never_evicts_the_best(rank_pools: Any, tmp_p
     assert results[0]["files"] == ["epoch=0-val_loss=4.00.ckpt"]
 
 
+@pytest.mark.both_packages
 def test_plus_inf_on_rank_zero_never_wins_in_max_mode(rank_pools: Any, tmp_path: Any) -> None:
     table = [[1.0, math.inf, 2.0], [1.0, 3.0, 2.5], [1.0, 3.0, 2.5]]
     results = rank_pools(3).run(
@@ -92,7 +95,7 @@ def test_plus_inf_on_rank_zero_never_wins_in_max_mode(rank_pools: Any, tmp_path:
 STEP_NAN_TABLE = [[4.0, 3.0, math.nan, 2.0], [4.0, 3.5, 2.0, 2.5]]
 
 
-@pytest.mark.parametrize("policy", ["any", "mean"])
+@pytest.mark.parametrize("policy", ["any", pytest.param("mean", marks=pytest.mark.both_packages)])
 def test_step_based_save_never_records_a_non_finite_score(rank_pools: Any, tmp_path: Any, policy: str) -> None:
     # "any": s1 4 (first), s2 (3<4, 3.5<4) save 3.00, s3 rank 1 votes yes but rank 0's score is NaN: no save,
     # s4 (2<3, 2.5<3.5) save 2.00. "mean": 4, 3.25, NaN (no save), 2.25.
@@ -115,6 +118,7 @@ def test_step_based_save_never_records_a_non_finite_score(rank_pools: Any, tmp_p
     assert results[0]["best_model_score"] == float(last)
 
 
+@pytest.mark.both_packages
 def test_nan_on_another_rank_takes_away_its_vote_and_makes_the_aggregate_nan(rank_pools: Any, tmp_path: Any) -> None:
     # rank 1 turns NaN at epoch 1. "any": rank 0 (3 < 4) and rank 2 vote yes, rank 1's NaN votes no: save, named
     # with rank 0's 3.00. "all": NaN votes no: no save. "mean": the agreed value is NaN: no save.
@@ -137,7 +141,9 @@ def test_nan_on_another_rank_takes_away_its_vote_and_makes_the_aggregate_nan(ran
         assert results[0]["saves"] == saves, policy
 
 
-@pytest.mark.parametrize("policy", ["majority", "rank_zero", "mean", "max"])
+@pytest.mark.parametrize(
+    "policy", ["majority", "rank_zero", pytest.param("mean", marks=pytest.mark.both_packages), "max"]
+)
 def test_non_finite_on_one_rank_stops_every_rank_under_any_policy(rank_pools: Any, tmp_path: Any, policy: str) -> None:
     table = [[4.0, 3.0, 2.0, 1.0], [4.0, 3.0, math.inf, 1.0], [4.0, 3.0, 2.0, 1.0]]
     results = rank_pools(3).run(

@@ -39,6 +39,14 @@ def test_demo_runs_every_policy_and_prints_the_table(tmp_path: Path) -> None:
     best = dict(line.strip().split(": ") for line in out.split("best checkpoint per run:")[1].splitlines()[1:11])
     assert best["stock ddp"] == best["defaults"]
     assert "spread across ranks" in out
+    # the straggler: with 2 ranks the rule singles out neither, and the demo shows rank 1's data wait against rank 0's
+    waits = out.split("a straggler: rank 1's data loading made slow on purpose")[1].split("data wait per batch: ")[1]
+    rank_0, rank_1 = (float(part.split()[2]) for part in waits.splitlines()[0].split(", "))
+    assert rank_1 > rank_0 + 20, waits  # ms: the 30 ms per batch put there on purpose
+    # the decision record of the 'majority' run: one line per checkpoint decision, with its reason
+    record = out.split("why the 'majority' run saved a checkpoint, or not")[1].split("\n\n")[0].splitlines()[2:]
+    assert len(record) == 4 and all("'majority' needs 2 of 2" in line for line in record), record
+    assert "saved as epoch=0-val_loss=" in record[0] and "every rank voted yes (its first score)" in record[0]
     for rank in range(2):
         assert (tmp_path / "defaults" / f"rank_{rank}" / "metrics.csv").is_file()
     # the pitfalls: every rank raised the named error, with one message, naming the culprit line

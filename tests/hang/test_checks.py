@@ -109,7 +109,7 @@ def _same(mine: dict[str, float], theirs: dict[str, float]) -> bool:
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("world", WORLDS)
+@pytest.mark.parametrize("world", [pytest.param(w, marks=pytest.mark.both_packages) if w == 2 else w for w in WORLDS])
 def test_property_random_scripts_fail_by_name_or_change_nothing(rank_pools: Any, tmp_path: Path, world: int) -> None:
     examples = max(1, round({1: 3, 2: 10, 3: 6, 4: 3}[world] * _SCALE))
 
@@ -127,7 +127,11 @@ def test_property_random_scripts_fail_by_name_or_change_nothing(rank_pools: Any,
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("world", "train", "val"),
-    [(2, [5, 3], [2, 4]), (3, [4, 6, 3], [3, 1, 2]), (2, [[5], [3]], [2, 2])],
+    [
+        pytest.param(2, [5, 3], [2, 4], marks=pytest.mark.both_packages),
+        (3, [4, 6, 3], [3, 1, 2]),
+        pytest.param(2, [[5], [3]], [2, 2], marks=pytest.mark.both_packages),
+    ],
     ids=["two-ranks", "three-ranks", "stream"],
 )
 def test_truncation_matches_loaders_cut_by_hand(
@@ -157,6 +161,7 @@ def test_truncation_matches_loaders_cut_by_hand(
         assert mine["files"] == theirs["files"]  # every row of metrics.csv and of every rank's own file
 
 
+@pytest.mark.both_packages
 @pytest.mark.slow
 def test_stream_that_runs_out_on_one_rank_is_an_error_naming_it(rank_pools: Any, tmp_path: Path) -> None:
     script = {"train_batches": [[3], [5]], "val_batches": [2, 2], "logs": []}
@@ -207,6 +212,7 @@ def test_property_a_check_agrees_exactly_when_every_rank_brings_the_same(rank_po
     ],
     ids=["quorum-2-and-3", "logger-counts"],
 )
+@pytest.mark.both_packages
 def test_a_misconfigured_rank_fails_set_up_on_every_rank(
     rank_pools: Any, tmp_path: Path, per_rank: list[tuple[int, str]], fragments: tuple[str, ...]
 ) -> None:

@@ -43,10 +43,13 @@ def is_aggregate(spec: str) -> bool:
 
 
 def vote_rule(spec: str, votes: list[bool]) -> bool:
-    """Whether a vote policy acts on these votes (``"quorum:k"``: at least ``k`` yes votes)."""
+    """Whether a vote policy acts on these votes (``"quorum:k"``: at least ``k`` yes votes; ``"quorum%:p"``: at least
+    ``p`` percent of the ranks, rounded up)."""
     yes, world = sum(votes), len(votes)
     if spec.startswith("quorum:"):
         return yes >= int(spec.split(":")[1])
+    if spec.startswith("quorum%:"):
+        return 100 * yes >= int(spec.split(":")[1]) * world
     return VOTE_RULES[spec](yes, world, votes[0])
 
 
@@ -82,7 +85,8 @@ def top_k_sequence(
     """The state each rank must show after each epoch, or raises ``Expected`` at the epoch where every rank errors.
 
     Each state is the visible state (rank 0's bookkeeping, on every rank) plus ``handled`` and, under a vote policy,
-    ``local_scores``: the scores that stock Lightning would hold on that rank, in save order.
+    ``local_scores``: the scores that stock Lightning would hold on that rank, in save order. Rank 0's states also
+    carry ``record``: what its decision record must say of that epoch's decision (``None`` where none was made).
     """
     world, epochs = len(table), len(table[0])
     is_vote = not is_aggregate(spec)
@@ -93,33 +97,43 @@ def top_k_sequence(
     for epoch in range(epochs):
         values = [table[rank][epoch] for rank in range(world)]
         present = [value is not None for value in values]
+        record: dict[str, Any] | None = None
+        saved_before = len(trainers[0].saved)
         for trainer in trainers:
             trainer.global_step = 10 * epoch
-        if any(present) and not all(present):
+        rank_zero_decides = spec == "rank_zero" and present[0]  # a metric only rank 0 logs is enough there
+        if any(present) and not all(present) and not rank_zero_decides:
             raise Expected(missing_message(present))
-        if all(present):
-            finite = [math.isfinite(value) for value in values]  # type: ignore[arg-type]
+        if all(present) or rank_zero_decides:
+            finite = [value is not None and math.isfinite(value) for value in values]
             if is_vote:
-                # each rank votes as stock would on its own top-k; a non-finite value votes no
-                votes = [
-                    bool(sim.check_monitor_top_k(trainer, stand_ins.tensor(value))) and ok
+                # each rank votes as stock would on its own top-k; a non-finite value votes no; no value, no vote
+                votes: list[bool | None] = [
+                    None if value is None else bool(sim.check_monitor_top_k(trainer, stand_ins.tensor(value))) and ok
                     for sim, trainer, value, ok in zip(sims, trainers, values, finite)
                 ]
                 # the score recorded is rank 0's value: a non-finite one is never recorded, whatever the votes
-                if vote_rule(spec, votes) and finite[0]:
+                if vote_rule(spec, [bool(vote) for vote in votes]) and finite[0]:
                     for rank, (sim, trainer) in enumerate(zip(sims, trainers)):
-                        found = stand_ins.candidates(epoch, values[rank], accs[rank][epoch])
+                        own = values[rank] if values[rank] is not None else values[0]  # lacking it: rank 0's
+                        found = stand_ins.candidates(epoch, own, accs[rank][epoch])
                         sim._update_best_and_save(found["val_loss"], trainer, found)
+                record = {"votes": votes, "yes": sum(bool(vote) for vote in votes), "agreed": None}
             else:
                 agreed = as_float32(aggregate(spec, values))  # type: ignore[arg-type]
                 if math.isfinite(float(agreed)) and bool(sims[0].check_monitor_top_k(trainers[0], agreed)):
                     found = stand_ins.candidates(epoch, None, accs[0][epoch])
                     found["val_loss"] = agreed
                     sims[0]._update_best_and_save(agreed, trainers[0], found)
+                record = {"votes": [None] * world, "yes": None, "agreed": float(agreed)}
+            # every rank's own value, as the float32 tensor it logged
+            record["values"] = [None if value is None else float(as_float32(value)) for value in values]
+            record["outcome"] = "saved" if len(trainers[0].saved) > saved_before else "not saved"
         visible = stand_ins.checkpoint_state(sims[0], trainers[0])
         for rank in range(world):
-            state = dict(visible, handled=all(present))
+            state = dict(visible, handled=all(present) or rank_zero_decides)
             state["local_scores"] = [float(s) for s in sims[rank].best_k_models.values()] if is_vote else None
+            state["record"] = record if rank == 0 else None
             per_rank_states[rank].append(state)
     return per_rank_states
 
@@ -130,7 +144,8 @@ def early_stop_round(
     """What each rank must report after one early-stopping check, or raises ``Expected``."""
     world = len(values)
     present = [value is not None for value in values]
-    if any(present) and not all(present):
+    rank_zero_decides = spec == "rank_zero" and present[0]  # a metric only rank 0 logs is enough there
+    if any(present) and not all(present) and not rank_zero_decides:
         raise Expected(missing_message(present))
     sims = []
     for best_score, wait_count in starts:
@@ -139,12 +154,20 @@ def early_stop_round(
         sims.append(sim)
     if not any(present):
         return [
-            {"handled": False, "should_stop": False, "stopped_epoch": 0, **stand_ins.early_stopping_state(sim)}
+            {
+                "handled": False,
+                "should_stop": False,
+                "stopped_epoch": 0,
+                **stand_ins.early_stopping_state(sim),
+                "record": None,
+            }
             for sim in sims
         ]
-    nonfinite = config.get("check_finite", True) and any(not math.isfinite(v) for v in values)  # type: ignore[arg-type]
+    nonfinite = config.get("check_finite", True) and any(v is not None and not math.isfinite(v) for v in values)
+    record: dict[str, Any] = {"values": [None if value is None else float(as_float32(value)) for value in values]}
     if is_aggregate(spec):
         agreed = as_float32(aggregate(spec, values))  # type: ignore[arg-type]
+        record.update(votes=[None] * world, yes=None, agreed=float(agreed))
         shared = sims[0]
         stop, _ = shared._evaluate_stopping_criteria(agreed)
         if nonfinite and not stop:
@@ -153,9 +176,20 @@ def early_stop_round(
             stop = True
         sims = [copy.deepcopy(shared) for _ in range(world)]
     else:
-        votes = [bool(sim._evaluate_stopping_criteria(stand_ins.tensor(v))[0]) for sim, v in zip(sims, values)]
-        stop = vote_rule(spec, votes) or nonfinite
+        votes = [
+            None if v is None else bool(sim._evaluate_stopping_criteria(stand_ins.tensor(v))[0])
+            for sim, v in zip(sims, values)
+        ]
+        stop = vote_rule(spec, [bool(vote) for vote in votes]) or nonfinite
+        record.update(votes=votes, yes=sum(bool(vote) for vote in votes), agreed=None)
+    record["outcome"] = "stop" if stop else "go on"
     return [
-        {"handled": True, "should_stop": stop, "stopped_epoch": 7 if stop else 0, **stand_ins.early_stopping_state(sim)}
-        for sim in sims
+        {
+            "handled": True,
+            "should_stop": stop,
+            "stopped_epoch": 7 if stop else 0,
+            **stand_ins.early_stopping_state(sim),
+            "record": record if rank == 0 else None,
+        }
+        for rank, sim in enumerate(sims)
     ]

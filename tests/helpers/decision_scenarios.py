@@ -7,15 +7,21 @@ exactly as under ``torchrun``. Each rank returns what it ended with, for the par
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
+import unittest.mock
+import warnings
+from collections.abc import Iterator
 from typing import Any
 
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+from lightning.pytorch.loggers import CSVLogger
 from torch.utils.data import DataLoader, TensorDataset
 
-from lightning_ext import PolicyDDPStrategy
+from lightning_ext import DecisionRecordWarning, PolicyDDPStrategy, read_decisions
 
 
 class TableModule(L.LightningModule):
@@ -118,8 +124,16 @@ def fit(
     sync_dist: bool = False,
     log_on: str = "all",
     train_table: list[list[float]] | None = None,
+    logger: str | None = None,
+    ckpt_path: str | None = None,
+    full_disk_for: str | None = None,
 ) -> dict[str, Any]:
-    """One ``Trainer.fit`` on this rank; returns the rank's view of the outcome."""
+    """One ``Trainer.fit`` on this rank; returns the rank's view of the outcome.
+
+    With ``logger`` (a directory or an fsspec URL), the trainer has a ``CSVLogger`` writing there (version ``v``), and
+    rank 0 also returns the decision record read back (``record``) and the ``DecisionRecordWarning``s it got. With
+    ``full_disk_for``, writing a file of that name fails as on a full disk (``ENOSPC``).
+    """
     callbacks: list[Any] = []
     checkpoint_cb = early_cb = None
     if checkpoint is not None:
@@ -134,7 +148,7 @@ def fit(
         strategy=make_strategy(strategy),
         max_epochs=max_epochs,
         callbacks=callbacks,
-        logger=False,
+        logger=False if logger is None else CSVLogger(logger, name="", version="v"),
         enable_progress_bar=False,
         enable_model_summary=False,
         default_root_dir=root,
@@ -142,7 +156,9 @@ def fit(
         deterministic=True,
     )
     module = TableModule(table, sync_dist=sync_dist, log_on=log_on, train_table=train_table)
-    trainer.fit(module, _loader(), _loader() if table else None)
+    with warnings.catch_warnings(record=True) as caught, _full_disk(full_disk_for):
+        warnings.simplefilter("always", DecisionRecordWarning)
+        trainer.fit(module, _loader(), _loader() if table else None, ckpt_path=ckpt_path)
     result: dict[str, Any] = {
         "rank": trainer.global_rank,
         "strategy": type(trainer.strategy).__name__,
@@ -162,6 +178,16 @@ def fit(
         # only rank 0 writes and deletes checkpoint files; another rank's listing would race with those deletions
         on_disk = sorted(os.listdir(directory)) if os.path.isdir(directory) else []
         result["files"] = on_disk if trainer.is_global_zero else None
+    if logger is not None and trainer.is_global_zero:
+        result["record_warnings"] = [str(w.message) for w in caught if issubclass(w.category, DecisionRecordWarning)]
+        try:
+            with warnings.catch_warnings(record=True) as reading:
+                warnings.simplefilter("always", DecisionRecordWarning)
+                table = read_decisions(os.path.join(logger, "v") if "://" not in logger else f"{logger}/v")
+            result["record"] = table.to_dict("records")
+            result["read_warnings"] = [str(w.message) for w in reading]
+        except FileNotFoundError as error:
+            result["record"] = str(error)
     if early_cb is not None:
         result["stopped_epoch"] = early_cb.stopped_epoch
         reason = getattr(early_cb, "stopping_reason", None)  # Lightning 2.6+
@@ -169,6 +195,23 @@ def fit(
         result["wait_count"] = early_cb.wait_count
         result["best_score"] = float(early_cb.best_score)
     return result
+
+
+@contextlib.contextmanager
+def _full_disk(name: str | None) -> Iterator[None]:
+    """Within the block, writing a file called ``name`` fails with ``ENOSPC`` (its first write replaces it)."""
+    if name is None:
+        yield
+        return
+    replace = os.replace
+
+    def full(source: Any, target: Any, *args: Any, **kwargs: Any) -> None:
+        if os.path.basename(os.fspath(target)) == name:
+            raise OSError(errno.ENOSPC, "No space left on device", os.fspath(target))
+        replace(source, target, *args, **kwargs)
+
+    with unittest.mock.patch.object(os, "replace", full):
+        yield
 
 
 # ---- the inputs several tests share: their expected outcomes were worked out by hand in those tests -------------

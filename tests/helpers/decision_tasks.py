@@ -13,10 +13,10 @@ import torch
 import torch.distributed as dist
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from lightning_ext._collective import RankGroup, all_reduce_row
+from lightning_ext._collective import RankGroup, gather_rows
 from lightning_ext._decisions import checkpoint, early_stopping
 from lightning_ext._decisions.local_top_k import LocalTopK
-from lightning_ext._decisions.rows import Observation, RowLayout, pack, unpack
+from lightning_ext._decisions.rows import Observation, RowLayout, agree_rows, pack
 from lightning_ext.policies import DecisionPolicy, Quorum, VotePolicy, VoteTally, resolve_policy
 from tests.helpers import stand_ins as _stand_ins
 from tests.helpers.stand_ins import (
@@ -49,10 +49,35 @@ class UndecidedPolicy(VotePolicy):
         return "UndecidedPolicy()"
 
 
+class RecordSink:
+    """Rank 0's decision record, kept in memory: each row as the record builds it (an error in building is raised)."""
+
+    def __init__(self) -> None:
+        self.rows: list[dict[str, Any]] = []
+
+    def record(self, build: Any) -> None:
+        self.rows.append(build())
+
+
+def recorded(sink: RecordSink | None, before: int) -> dict[str, Any] | None:
+    """What the test compares of the row recorded since ``before`` (``None``: none was recorded, or not rank 0)."""
+    if sink is None or len(sink.rows) == before:
+        return None
+    assert len(sink.rows) == before + 1, sink.rows[before:]
+    row = sink.rows[-1]
+    assert isinstance(row["reason"], str) and row["reason"].startswith(("saved", "not saved", "stop", "go on"))
+    return {key: list(row[key]) if key in ("values", "votes") else row[key] for key in RECORDED}
+
+
+RECORDED = ("values", "votes", "yes", "agreed", "outcome")
+
+
 def policy_from_spec(spec: str) -> DecisionPolicy:
     """The lightning_ext policy that a reference spec names (``"quorum:2"`` → ``Quorum(2)``, ...)."""
     if spec.startswith("quorum:"):
         return Quorum(int(spec.split(":")[1]))
+    if spec.startswith("quorum%:"):
+        return Quorum(int(spec.split(":")[1]) / 100)
     if spec == "two_thirds":
         return TwoThirds()
     return resolve_policy(spec)
@@ -64,12 +89,12 @@ def rank_group() -> RankGroup:
     return RankGroup(1, 0, torch.device("cpu"))
 
 
-def exchange(kind: str, with_reference: bool, n_extras: int, observation: Observation) -> tuple[list[Any], Any]:
-    """One packed all-reduce; returns the reduced row (to compare bit for bit across ranks) and the agreement."""
+def exchange(kind: str, n_extras: int, observation: Observation) -> tuple[list[list[int]], Any]:
+    """One decision's exchange; returns every rank's row as received (to compare across ranks) and the agreement."""
     ranks = rank_group()
-    layout = RowLayout(kind, ranks.world_size, with_reference=with_reference, extras=n_extras)  # type: ignore[arg-type]
-    reduced = all_reduce_row(pack(layout, observation, rank=ranks.rank), ranks, op=layout.op, dtype=layout.dtype)
-    return reduced, unpack(layout, reduced)
+    layout = RowLayout(kind, ranks.world_size, extras=n_extras)  # type: ignore[arg-type]
+    rows = gather_rows(pack(layout, observation, rank=ranks.rank), ranks)
+    return rows, agree_rows(layout, rows)
 
 
 def checkpoint_state(callback: ModelCheckpoint, trainer: StandInTrainer, vote: bool) -> dict[str, Any]:
@@ -93,14 +118,17 @@ def top_k_sequence(
     """Run ``save_topk_checkpoint`` once per epoch with this rank's values; the state after each epoch."""
     ranks = rank_group()
     strategy = StandInStrategy(ranks.world_size, ranks.rank, checkpoint_policy=policy_from_spec(spec))
+    sink = strategy.decision_file = RecordSink() if ranks.rank == 0 else None
     trainer = StandInTrainer(strategy)
     callback = make_checkpoint(mode, save_top_k)
     states = []
     for epoch, (value, acc) in enumerate(zip(values, accs)):
         trainer.global_step = 10 * epoch
+        before = 0 if sink is None else len(sink.rows)
         handled = checkpoint.save_topk_checkpoint(callback, trainer, candidates(epoch, value, acc))
         state = checkpoint_state(callback, trainer, vote=isinstance(strategy.checkpoint_policy, VotePolicy))
         state["handled"] = handled
+        state["record"] = recorded(sink, before)
         states.append(state)
     return states
 
@@ -118,6 +146,7 @@ def early_stop_round(
     """One ``run_early_stopping_check`` with this rank's starting state and value."""
     ranks = rank_group()
     strategy = StandInStrategy(ranks.world_size, ranks.rank, early_stopping_policy=policy_from_spec(spec))
+    sink = strategy.decision_file = RecordSink() if ranks.rank == 0 else None
     trainer = StandInTrainer(strategy)
     trainer.current_epoch = 7
     callback = make_early_stopping(config)
@@ -131,4 +160,5 @@ def early_stop_round(
         "should_stop": trainer.should_stop,
         "stopped_epoch": callback.stopped_epoch,
         **early_stopping_state(callback),
+        "record": recorded(sink, 0),
     }

@@ -19,11 +19,12 @@ import queue
 import socket
 import time
 import traceback
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-__all__ = ["RankFailure", "RankPool", "RankTimeout"]
+__all__ = ["RankFailure", "RankPool", "RankTimeout", "tasks_renamed"]
 
 _START_TIMEOUT = 120.0
 _GRACE_AFTER_FAILURE = 5.0
@@ -99,6 +100,19 @@ def _worker(rank: int, world_size: int, port: int, tasks: Any, results: Any, env
     dist.destroy_process_group()
 
 
+_TASK_RENAMES: list[Callable[[str], str]] = []
+
+
+@contextlib.contextmanager
+def tasks_renamed(rename: Callable[[str], str]) -> Iterator[None]:
+    """Within the block, every pool runs a task ``module:function`` as ``rename(module):function``."""
+    _TASK_RENAMES.append(rename)
+    try:
+        yield
+    finally:
+        _TASK_RENAMES.pop()
+
+
 class RankPool:
     """``world_size`` processes, each one rank of a gloo process group on localhost, reused across calls.
 
@@ -132,6 +146,9 @@ class RankPool:
             RankTimeout: a rank did not answer in time (the pool is killed and restarted on the next call).
 
         """
+        if _TASK_RENAMES:  # the pytorch_lightning copy of a suite: its tasks as compiled for pytorch_lightning
+            module, _, function = target.partition(":")
+            target = f"{_TASK_RENAMES[-1](module)}:{function}"
         if len(per_rank_args) <= 1:
             per_rank_args = (per_rank_args[0] if per_rank_args else (),) * self.world_size
         if len(per_rank_args) != self.world_size:
@@ -147,6 +164,11 @@ class RankPool:
             raise RankFailure(self._describe_failures(target, failures), failures)
         return [outcomes[rank].value for rank in range(self.world_size)]
 
+    @property
+    def running(self) -> bool:
+        """Whether the ranks are up (a call would not start them)."""
+        return bool(self._processes) and all(process.is_alive() for process in self._processes)
+
     def close(self) -> None:
         """Stop the ranks (politely, then by force)."""
         for tasks in self._tasks:
@@ -158,7 +180,7 @@ class RankPool:
         self._kill()
 
     def _ensure_started(self) -> None:
-        if self._processes and all(process.is_alive() for process in self._processes):
+        if self.running:
             return
         self._kill()
         self.starts += 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -14,6 +15,9 @@ from typing import Any
 
 import lightning
 import pytest
+import pytorch_lightning
+
+from tests.helpers.pytorch_lightning_job import check_job, start
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
@@ -96,7 +100,11 @@ def test_policy_per_rank_and_hang_suites_pass_against_the_patched_copy(patched_s
         "tests/decisions/test_trainer_nonfinite.py",
         "tests/per_rank/test_trainer_runs.py",
         "tests/per_rank/test_resume.py",
+        # telemetry patches no class: its loop hooks are instance attributes, the same on a patched Lightning
+        "tests/per_rank/test_telemetry.py::test_the_verdict_names_each_slowed_rank_and_its_phase",
         "tests/hang/test_checks.py",  # the hang-check seams (0004), natively
+        "tests/decisions/test_record_runs.py",  # the decision record, made by the same seams
+        "tests/setup/test_trainer_runs.py",  # the set-up checks' seam (0005), natively
     ]
     # not about the seams, and run in the main suite: stock Lightning's hang (the error half is the first test's
     # case), and the test pool's own deadline
@@ -108,8 +116,9 @@ def test_policy_per_rank_and_hang_suites_pass_against_the_patched_copy(patched_s
         )
     ]
     deselect = [option for test in unrelated for option in ("--deselect", test)]
+    only = ["-k", "not pytorch_lightning"]  # the suites' copies for pytorch_lightning: its own test is below
     run = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *deselect, *suites],
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *deselect, *only, *suites],
         capture_output=True,
         text=True,
         timeout=900,
@@ -172,6 +181,7 @@ SEAMS = [
     ("lightning.pytorch.loops.evaluation_loop", "_EvaluationLoop", "setup_data"),
     ("lightning.pytorch.loops.evaluation_loop", "_EvaluationLoop", "max_batches"),
     ("lightning.pytorch.loops.fetchers", "_PrefetchDataFetcher", "__next__"),
+    ("lightning.pytorch.loops.fetchers", "_DataFetcher", "setup"),
     ("lightning.pytorch.trainer.trainer", "Trainer", "_run"),
 ]
 
@@ -222,6 +232,7 @@ def test_native_only_when_every_seam_is_a_series_without_the_hang_seams_is_compl
     assert completed["mode"] == "runtime" and completed["error"] is None
     assert completed["wrapped"] == [
         "Trainer._run",
+        "_DataFetcher.setup",
         "_EvaluationLoop.max_batches",
         "_EvaluationLoop.setup_data",
         "_FitLoop.setup_data",
@@ -231,3 +242,77 @@ def test_native_only_when_every_seam_is_a_series_without_the_hang_seams_is_compl
         "_ResultMetric.compute",
         "_ResultMetric.forward",
     ]
+
+
+# ---- the series on the standalone package's tree, pytorch_lightning/ ------------------------------------------------
+def _renamed(text: str) -> str:
+    """``text`` as Lightning renames its sources for pytorch_lightning (.actions/assistant.py, _replace_imports)."""
+    for unified, standalone in (("lightning.pytorch", "pytorch_lightning"), ("lightning.fabric", "lightning_fabric")):
+        text = re.sub(rf"([^_/@]|^){re.escape(unified)}([^_\w/]|$)", rf"\g<1>{standalone}\g<2>", text, flags=re.M)
+    return text
+
+
+def test_the_series_on_a_pytorch_lightning_copy_is_the_lightning_series_renamed(tmp_path: Path) -> None:
+    """Applied to both trees, each patched pytorch_lightning file is the patched lightning file, renamed."""
+    unified = shutil.copytree(Path(lightning.__file__).parent, tmp_path / "lightning", ignore=_CACHES)
+    standalone = shutil.copytree(
+        Path(pytorch_lightning.__file__).parent, tmp_path / "pytorch_lightning", ignore=_CACHES
+    )
+    original = {p: p.read_bytes() for p in standalone.rglob("*.py")}
+    for name in PATCHED_FILES:  # the rule is Lightning's: the installed files obey it before the series, too
+        expected = _renamed((unified / name).read_text(encoding="utf-8"))
+        assert (standalone / name.removeprefix("pytorch/")).read_text(encoding="utf-8") == expected, name
+    for target in (unified, standalone):
+        applied = _tool("apply", "--target", str(target))
+        assert applied.returncode == 0, applied.stdout + applied.stderr
+    changed = sorted(str(p.relative_to(standalone)) for p in original if p.read_bytes() != original[p])
+    assert changed == [name.removeprefix("pytorch/") for name in PATCHED_FILES]
+    for name in PATCHED_FILES:
+        expected = _renamed((unified / name).read_text(encoding="utf-8"))
+        assert (standalone / name.removeprefix("pytorch/")).read_text(encoding="utf-8") == expected, name
+    assert _tool("revert", "--target", str(standalone)).returncode == 0
+    assert {p: p.read_bytes() for p in standalone.rglob("*.py")} == original
+
+
+def test_without_a_target_the_tool_takes_both_installed_packages_and_writes_all_or_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from lightning_ext.patches import __main__ as command
+
+    checked = _tool("check")  # the installed packages themselves: check writes nothing
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    targets = [line.split()[1] for line in checked.stdout.splitlines() if line.startswith("target: ")]
+    assert targets == [str(Path(lightning.__file__).parent), str(Path(pytorch_lightning.__file__).parent)]
+    assert checked.stdout.count("result: the series applies cleanly") == 2
+
+    clean = shutil.copytree(Path(lightning.__file__).parent, tmp_path / "lightning", ignore=_CACHES)
+    altered = shutil.copytree(Path(pytorch_lightning.__file__).parent, tmp_path / "pytorch_lightning", ignore=_CACHES)
+    stopping = altered / "callbacks" / "early_stopping.py"
+    stopping.write_text(
+        stopping.read_text().replace("logs = trainer.callback_metrics", "logs = dict(trainer.callback_metrics)")
+    )
+    before = {p: p.read_bytes() for target in (clean, altered) for p in target.rglob("*.py")}
+    monkeypatch.setattr(command, "installed_targets", lambda: (clean, altered))
+    assert command.main(["apply"]) == 1
+    assert "pytorch_lightning/callbacks/early_stopping.py" in capsys.readouterr().out
+    assert {p: p.read_bytes() for target in (clean, altered) for p in target.rglob("*.py")} == before  # neither
+
+
+def test_the_series_on_a_pytorch_lightning_copy_runs_a_users_job_natively(tmp_path: Path) -> None:
+    site = tmp_path / "site"
+    shutil.copytree(Path(pytorch_lightning.__file__).parent, site / "pytorch_lightning", ignore=_CACHES)
+    applied = _tool("apply", "--target", str(site / "pytorch_lightning"))
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    env = {"PYTHONPATH": os.pathsep.join([str(site), str(REPO)]), "LIGHTNING_EXT_RUNTIME_PATCHING": "0"}
+    code = "import pytorch_lightning as pl; from lightning_ext.patches import patch_mode as m; print(m(), pl.__file__)"
+    mode = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=180, env={**os.environ, **env}
+    )
+    assert mode.stdout.split() == ["native", str(site / "pytorch_lightning" / "__init__.py")], mode.stderr[-3000:]
+    job = start(tmp_path / "job", PITFALL="log_dir", **env)
+    exit_code = job.wait(240)
+    job.kill()
+    check_job(tmp_path / "job", exit_code, job.output(tail=40000), installed=False)
+
+
+_CACHES = shutil.ignore_patterns("__pycache__")

@@ -20,7 +20,7 @@ import pytest
 from lightning_ext import patches
 from lightning_ext.patches import PatchError, SeriesNotApplicableError
 from lightning_ext.patches.__main__ import main
-from lightning_ext.patches._tool import default_target, find_series, load_series, target_version
+from lightning_ext.patches._tool import find_series, installed_targets, load_series, target_version
 from tests.helpers.patch_fixtures import GitSeries, contents, copy_target, git, make_git_series, replace, snapshot
 
 MC = "pytorch/callbacks/model_checkpoint.py"
@@ -347,7 +347,7 @@ def test_commit_message_that_looks_like_a_diff_is_ignored(tmp_path: Path) -> Non
 def test_real_lightning_copy_check_apply_revert(tmp_path: Path) -> None:
     import lightning
 
-    installed = default_target()
+    installed = installed_targets()[0]
     version = target_version(installed)
     assert version == lightning.__version__ and version in ("2.5.6", "2.6.6")  # the verified releases CI runs
     files = ["version.info", "__init__.py", "pytorch/callbacks/model_checkpoint.py"]
@@ -445,7 +445,9 @@ def test_the_built_wheel_ships_the_series_and_the_installed_tool_checks_it(tmp_p
     environment = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}  # not this checkout
     _run(*pip, "--python", python, "install", "--no-deps", "--no-index", wheel, env=environment)
 
-    target = shutil.copytree(default_target(), tmp_path / "copy" / "lightning", ignore=shutil.ignore_patterns("*.pyc"))
+    target = shutil.copytree(
+        installed_targets()[0], tmp_path / "copy" / "lightning", ignore=shutil.ignore_patterns("*.pyc")
+    )
     version = target_version(target)
     out = _run(python, "-m", "lightning_ext.patches", "check", "--target", target, cwd=tmp_path, env=environment)
     assert f"series: {purelib / 'lightning_ext' / 'patches' / 'series' / f'lightning-{version}'}\n" in out

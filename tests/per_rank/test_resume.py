@@ -80,6 +80,7 @@ def _rows(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(handle))
 
 
+@pytest.mark.both_packages
 def test_mid_epoch_resume_logs_every_row_once_with_the_uninterrupted_values(rank_pools: Any, tmp_path: Path) -> None:
     pool = rank_pools(WORLD)
     script = _script()

@@ -30,7 +30,7 @@ def _run(pool: Any, root: Path, script: dict[str, Any], **kwargs: Any) -> list[d
     return pool.run("tests.helpers.logging_scenarios:fit", (str(root), script), timeout=120, **kwargs)
 
 
-@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("world", [pytest.param(2, marks=pytest.mark.both_packages), 3])
 def test_per_rank_files_hold_local_values_and_stock_file_is_unchanged(
     rank_pools: Any, tmp_path: Path, world: int
 ) -> None:
@@ -64,6 +64,7 @@ def test_per_rank_files_hold_local_values_and_stock_file_is_unchanged(
         assert observed_cells(mine, BATCHES, step_columns, epoch_columns) == expected[rank], f"rank {rank}"
 
 
+@pytest.mark.both_packages
 def test_per_rank_metrics_add_no_collective(rank_pools: Any, tmp_path: Path) -> None:
     pool = rank_pools(2)
     script = full_script(2)
@@ -84,6 +85,7 @@ def test_per_rank_metrics_add_no_collective(rank_pools: Any, tmp_path: Path) -> 
         ("none", "."),  # no logger: under default_root_dir
     ],
 )
+@pytest.mark.both_packages
 def test_files_land_in_the_run_log_dir_for_every_logger_setup(
     rank_pools: Any, tmp_path: Path, loggers: str, where: str
 ) -> None:
@@ -103,6 +105,7 @@ def test_files_land_in_the_run_log_dir_for_every_logger_setup(
     assert len(read_rank_metrics(directory)) > 0
 
 
+@pytest.mark.both_packages
 def test_ranks_adopt_rank_zero_version_where_stock_ranks_diverge(rank_pools: Any, tmp_path: Path) -> None:
     """Lightning #18294: rank 0 creates version_0 before rank 1 resolves its version; stock rank 1 picks version_1."""
     pool = rank_pools(2)
@@ -112,6 +115,7 @@ def test_ranks_adopt_rank_zero_version_where_stock_ranks_diverge(rank_pools: Any
     assert [Path(d).name for d in ours] == ["version_0", "version_0"]
 
 
+@pytest.mark.both_packages
 def test_resume_keeps_earlier_rows_without_duplicating_steps(rank_pools: Any, tmp_path: Path) -> None:
     pool = rank_pools(2)
     script = {"train": full_script(2)["train"][:2]}
@@ -144,6 +148,7 @@ def test_resume_keeps_earlier_rows_without_duplicating_steps(rank_pools: Any, tm
     assert stock_rows["epoch"].min() == 1
 
 
+@pytest.mark.both_packages
 def test_synced_weighted_mean_with_uneven_batch_sizes_is_exact(rank_pools: Any, tmp_path: Path) -> None:
     """Stock Lightning on gloo averages the int batch-size counter with truncation (3.5 where (1*1 + 3*2) / 3 = 2.33,
     tests/strategies/test_synced_means.py); under lightning-ext's strategies the synced value is the exact weighted

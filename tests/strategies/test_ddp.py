@@ -21,6 +21,7 @@ from lightning_ext.strategies._runtime import patch_mode
 REPO = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.both_packages
 def test_ddp_arguments_are_passed_through_to_ddp_strategy() -> None:
     strategy = PolicyDDPStrategy(start_method="spawn", find_unused_parameters=True, process_group_backend="gloo")
     assert strategy._start_method == "spawn"
@@ -29,17 +30,21 @@ def test_ddp_arguments_are_passed_through_to_ddp_strategy() -> None:
     assert isinstance(strategy, DDPStrategy)
 
 
+@pytest.mark.both_packages
 def test_default_policies_are_the_stock_all_and_any() -> None:
     strategy = PolicyDDPStrategy()
     assert strategy.checkpoint_policy == AllRanks() and strategy.early_stopping_policy == AnyRank()
 
 
+@pytest.mark.both_packages
 def test_unknown_policy_name_is_rejected_with_the_valid_names() -> None:
     with pytest.raises(ValueError, match=r"Unknown decision policy 'avg'\. Valid names: 'all', 'any'"):
         PolicyDDPStrategy(checkpoint_policy="avg")
 
 
-@pytest.mark.parametrize("name", ["all", "any", "majority", "rank_zero", "mean", "min", "max"])
+@pytest.mark.parametrize(
+    "name", ["all", "any", pytest.param("majority", marks=pytest.mark.both_packages), "rank_zero", "mean", "min", "max"]
+)
 def test_each_registry_name_builds_the_strategy_with_that_policy(name: str) -> None:
     assert f"ddp_{name}" in StrategyRegistry
     trainer = L.Trainer(strategy=f"ddp_{name}", accelerator="cpu", devices=2, logger=False)
@@ -47,6 +52,7 @@ def test_each_registry_name_builds_the_strategy_with_that_policy(name: str) -> N
     assert trainer.strategy.checkpoint_policy == trainer.strategy.early_stopping_policy == resolve_policy(name)
 
 
+@pytest.mark.both_packages
 def test_registry_name_ddp_policy_keeps_the_stock_rules() -> None:
     trainer = L.Trainer(strategy="ddp_policy", accelerator="cpu", devices=2, logger=False)
     assert trainer.strategy.checkpoint_policy == AllRanks()
@@ -119,6 +125,7 @@ def test_real_launch_agrees_on_the_mean_checkpoint_and_writes_every_rank_file(
     assert {rank: list(values) for rank, values in seen.items()} == {rank: [float(rank)] for rank in range(devices)}
 
 
+@pytest.mark.both_packages
 def test_runtime_seams_are_installed_on_lightning_call_sites() -> None:
     from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 

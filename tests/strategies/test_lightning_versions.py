@@ -3,8 +3,8 @@
 The verified releases are 2.5.6 and 2.6.6 (CI runs the suite against both). On another Lightning the strategy warns
 once; a private method that lightning-ext wraps or calls with another signature stops it with an error that names the
 method, both signatures and the version. Each case runs as a fresh interpreter (a child forked from a parent that has
-imported Lightning but not lightning-ext): the seams are installed once per process, and the version string is
-monkeypatched there.
+imported one Lightning package, ``lightning`` or ``pytorch_lightning``, but not lightning-ext), for each package: the
+seams are installed once per process, and the version string is monkeypatched there.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ Python = Callable[[str], subprocess.CompletedProcess[str]]
 # far as lightning_ext goes (never imported in the parent), without paying Lightning's import again (seconds).
 _FORKER = """
 import json, os, sys, tempfile, traceback
-import lightning, torch  # noqa: F401
+import {package}, torch  # noqa: F401
 for line in sys.stdin:
     code = json.loads(line)
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
@@ -56,12 +56,29 @@ for line in sys.stdin:
 """
 
 
+# each package's names: its import name, its strategies' package, how its messages name it, what pip installs
+PACKAGES = {
+    "lightning": {"package": "lightning", "pytorch": "lightning.pytorch", "called": "Lightning", "pip": "lightning"},
+    "pytorch_lightning": {
+        "package": "pytorch_lightning",
+        "pytorch": "pytorch_lightning",
+        "called": "pytorch_lightning",
+        "pip": "pytorch-lightning",
+    },
+}
+
+
+@pytest.fixture(scope="module", params=list(PACKAGES))
+def package(request: pytest.FixtureRequest) -> dict[str, str]:
+    return PACKAGES[request.param]
+
+
 @pytest.fixture(scope="module")
-def python() -> Iterator[Python]:
-    """``python(code)`` runs ``code`` as a fresh interpreter would, on the installed Lightning, seams allowed."""
+def python(package: dict[str, str]) -> Iterator[Python]:
+    """``python(code)`` runs ``code`` as a fresh interpreter would, on the installed package, seams allowed."""
     env = {key: value for key, value in os.environ.items() if not key.startswith("LIGHTNING_EXT_")}
     env["PYTHONPATH"] = str(REPO)
-    command = [sys.executable, "-c", _FORKER]
+    command = [sys.executable, "-c", _FORKER.replace("{package}", package["package"])]
     with subprocess.Popen(command, stdin=PIPE, stdout=PIPE, stderr=PIPE, text=True, cwd=REPO, env=env) as forker:
 
         def run(code: str) -> subprocess.CompletedProcess[str]:
@@ -79,12 +96,12 @@ def python() -> Iterator[Python]:
 
 _WARNINGS = """
 import json, warnings
-import lightning
+import {package} as lightning
 lightning.__version__ = {version!r}
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     import lightning_ext
-    from lightning_ext import PolicyDDPStrategy
+    from lightning_ext.{package} import PolicyDDPStrategy
     PolicyDDPStrategy()
     PolicyDDPStrategy(checkpoint_policy="mean")
 print("WARNINGS " + json.dumps([str(w.message) for w in caught if "lightning-ext" in str(w.message)]))
@@ -92,27 +109,30 @@ print("WARNINGS " + json.dumps([str(w.message) for w in caught if "lightning-ext
 
 
 @pytest.mark.parametrize("version", ["2.5.5", "2.6.0", "2.7.0"])
-def test_an_unverified_lightning_gets_one_warning_naming_the_verified_releases(version: str, python: Python) -> None:
-    run = python(_WARNINGS.format(version=version))
+def test_an_unverified_lightning_gets_one_warning_naming_the_verified_releases(
+    version: str, python: Python, package: dict[str, str]
+) -> None:
+    run = python(_WARNINGS.format(version=version, package=package["package"]))
     assert run.returncode == 0, run.stderr[-3000:]
     (line,) = [line for line in run.stdout.splitlines() if line.startswith("WARNINGS ")]
     (message,) = json.loads(line[len("WARNINGS ") :])
     assert "verified with Lightning 2.5.6 and 2.6.6" in message
-    assert f"the installed Lightning is {version}" in message
+    assert f"the installed {package['called']} is {version}" in message
+    assert f"`pip install '{package['pip']}==2.6.6'`" in message
 
 
-def test_a_verified_lightning_gets_no_warning(python: Python) -> None:
+def test_a_verified_lightning_gets_no_warning(python: Python, package: dict[str, str]) -> None:
     assert lightning.__version__ in VERIFIED
-    run = python(_WARNINGS.format(version=lightning.__version__))
+    run = python(_WARNINGS.format(version=lightning.__version__, package=package["package"]))
     assert run.returncode == 0, run.stderr[-3000:]
     assert "WARNINGS []" in run.stdout.splitlines()
 
 
 _SIGNATURE = """
-import lightning
-from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
-from lightning.pytorch.loops.evaluation_loop import _EvaluationLoop
-from lightning_ext import PolicyDDPStrategy
+import {package} as lightning
+from {pytorch}.callbacks import EarlyStopping, ModelCheckpoint
+from {pytorch}.loops.evaluation_loop import _EvaluationLoop
+from lightning_ext.{package} import PolicyDDPStrategy
 
 lightning.__version__ = "2.7.0"
 owner = {owner}
@@ -166,27 +186,30 @@ print("INSTALLED " + str(getattr(ModelCheckpoint._save_topk_checkpoint, "__light
     ],
 )
 def test_a_changed_lightning_method_stops_the_strategy_before_anything_is_wrapped(
-    owner: str, name: str, replacement: str, expected: str, found: str, python: Python
+    owner: str, name: str, replacement: str, expected: str, found: str, python: Python, package: dict[str, str]
 ) -> None:
-    run = python(_SIGNATURE.format(owner=owner, name=name, replacement=replacement))
+    names = {"package": package["package"], "pytorch": package["pytorch"]}
+    run = python(_SIGNATURE.format(owner=owner, name=name, replacement=replacement, **names))
     assert run.returncode == 0, run.stderr[-3000:]
     lines = run.stdout.splitlines()
     (error,) = [line[len("ERROR ") :] for line in lines if line.startswith("ERROR ")]
-    assert f"{owner}.{name} of Lightning 2.7.0" in error
+    assert error.startswith(f"lightning-ext cannot use {package['pytorch']}.")  # the package's own class
+    assert f"{owner}.{name} of {package['called']} 2.7.0" in error
+    assert f"`pip install '{package['pip']}==2.6.6'`" in error
     assert f"expects the parameters {expected}, found {found}" in error
     assert "verified with Lightning 2.5.6 and 2.6.6" in error
     assert "WRAPPED " in lines  # nothing was wrapped before the error
     assert "INSTALLED True" in lines
 
 
-def test_trainer_run_accepts_either_verified_signature(python: Python) -> None:
+def test_trainer_run_accepts_either_verified_signature(python: Python, package: dict[str, str]) -> None:
     """``Trainer._run`` gained ``weights_only`` in 2.6: both forms are accepted, a third is not."""
-    code = """
-from lightning.pytorch import Trainer
-from lightning_ext import PolicyDDPStrategy
+    code = f"""
+from {package["pytorch"]} import Trainer
+from lightning_ext.{package["package"]} import PolicyDDPStrategy
 for params in ("self, model, ckpt_path=None", "self, model, ckpt_path=None, weights_only=None", "self, model"):
-    namespace = {}
-    exec(f"def _run({params}): pass", namespace)
+    namespace = {{}}
+    exec(f"def _run({{params}}): pass", namespace)
     Trainer._run = namespace["_run"]
     try:
         PolicyDDPStrategy()
@@ -201,11 +224,12 @@ for params in ("self, model, ckpt_path=None", "self, model, ckpt_path=None, weig
 
 def test_pyproject_and_the_series_cover_exactly_the_verified_releases() -> None:
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-    (spec,) = [Requirement(dep) for dep in project["dependencies"] if Requirement(dep).name == "lightning"]
-    assert all(spec.specifier.contains(version) for version in VERIFIED)
-    assert not spec.specifier.contains("2.4.0") and not spec.specifier.contains("2.7.0")
+    for name in ("lightning", "pytorch-lightning"):  # the standalone package: the same releases
+        (spec,) = [Requirement(dep) for dep in project["dependencies"] if Requirement(dep).name == name]
+        assert all(spec.specifier.contains(version) for version in VERIFIED)
+        assert not spec.specifier.contains("2.4.0") and not spec.specifier.contains("2.7.0")
     series = sorted(path.name for path in (REPO / "patches").glob("lightning-*") if path.is_dir())
     assert series == [f"lightning-{version}" for version in VERIFIED]
     for version in VERIFIED:
         names = sorted(path.name for path in (REPO / "patches" / f"lightning-{version}").glob("*.patch"))
-        assert [name[:4] for name in names] == ["0001", "0002", "0003", "0004"], version
+        assert [name[:4] for name in names] == ["0001", "0002", "0003", "0004", "0005"], version

@@ -76,6 +76,7 @@ def read_outcomes(root: Path, world: int) -> list[dict[str, Any]]:
 
 
 # ---- ModelParallel (FSDP2) against DDP, in a rank pool --------------------------------------------------------------
+@pytest.mark.both_packages
 def test_model_parallel_decides_saves_and_logs_as_ddp(rank_pools: Any, tmp_path: Path) -> None:
     """FSDP2 via ModelParallelStrategy: the same saves, stop, agreed paths and per-rank files as DDP; sharded dirs."""
     pool = rank_pools(2)

@@ -47,6 +47,7 @@ MIXIN_OPTIONS = {
     "hang_checks": True,
     "uneven_batches": "error",
     "check_unsized_loaders": False,
+    "decision_record": True,
 }
 PAIRS = [
     (PolicyDDPStrategy, DDPStrategy),
@@ -59,6 +60,7 @@ FAMILIES = {"ddp": "ddp", "ddp_spawn": "ddp_spawn", "ddp_fork": "ddp_fork", "ddp
 
 
 # ---- signatures and arguments --------------------------------------------------------------------------------------
+@pytest.mark.both_packages
 @pytest.mark.parametrize(("ours", "base"), PAIRS, ids=[base.__name__ for _, base in PAIRS])
 def test_takes_every_base_argument_with_the_same_signature(ours: type, base: type) -> None:
     """Same names, order, kinds and defaults as Lightning's class; then only the mixin's keyword-only options."""
@@ -77,6 +79,7 @@ def test_takes_every_base_argument_with_the_same_signature(ours: type, base: typ
     assert {name: mixin[name].default for name in MIXIN_OPTIONS} == MIXIN_OPTIONS
 
 
+@pytest.mark.both_packages
 def test_fsdp_arguments_reach_fsdp() -> None:
     strategy = PolicyFSDPStrategy(
         sharding_strategy="SHARD_GRAD_OP",
@@ -95,6 +98,7 @@ def test_fsdp_arguments_reach_fsdp() -> None:
     assert (strategy.checkpoint_policy, strategy.early_stopping_policy) == (Majority(), AnyRank())
 
 
+@pytest.mark.both_packages
 def test_model_parallel_arguments_reach_model_parallel_positionally() -> None:
     strategy = PolicyModelParallelStrategy(4, 2, False, "gloo", early_stopping_policy="mean")
     assert isinstance(strategy, ModelParallelStrategy)
@@ -104,16 +108,18 @@ def test_model_parallel_arguments_reach_model_parallel_positionally() -> None:
     assert strategy.early_stopping_policy == resolve_policy("mean")
 
 
+@pytest.mark.both_packages
 def test_model_parallel_takes_no_argument_that_model_parallel_does_not() -> None:
     with pytest.raises(TypeError, match="unexpected keyword argument 'find_unused_parameters'"):
         PolicyModelParallelStrategy(find_unused_parameters=True)  # type: ignore[call-arg]
 
 
 # ---- registry names ------------------------------------------------------------------------------------------------
+@pytest.mark.both_packages
 @pytest.mark.parametrize("lightning_name", sorted(FAMILIES))
 def test_ddp_launcher_names_use_lightnings_start_method(lightning_name: str) -> None:
     start_method = StrategyRegistry[lightning_name]["init_params"]["start_method"]  # Lightning's own entry
-    for policy in [*available_policies(), "policy"]:
+    for policy in [*available_policies(), "policy", "quorum_50", "quorum_75", "quorum_90"]:
         strategy = StrategyRegistry.get(f"{FAMILIES[lightning_name]}_{policy}")
         assert type(strategy) is PolicyDDPStrategy
         assert strategy._start_method == start_method
@@ -121,12 +127,14 @@ def test_ddp_launcher_names_use_lightnings_start_method(lightning_name: str) -> 
         assert (strategy.checkpoint_policy, strategy.early_stopping_policy) == tuple(map(resolve_policy, expected))
 
 
+@pytest.mark.both_packages
 def test_launcher_names_build_a_trainer() -> None:
     trainer = L.Trainer(strategy="ddp_fork_min", accelerator="cpu", devices=2)
     assert isinstance(trainer.strategy, PolicyDDPStrategy) and trainer.strategy._start_method == "fork"
     assert trainer.strategy.checkpoint_policy == resolve_policy("min")
 
 
+@pytest.mark.both_packages
 def test_fsdp_names_build_the_strategy_and_are_refused_on_cpu_like_fsdp() -> None:
     for policy in available_policies():
         strategy = StrategyRegistry.get(f"fsdp_{policy}")
@@ -140,10 +148,12 @@ def test_fsdp_names_build_the_strategy_and_are_refused_on_cpu_like_fsdp() -> Non
     assert errors[0] == errors[1]
 
 
+@pytest.mark.both_packages
 def test_model_parallel_has_no_registry_name_as_in_lightning() -> None:
     assert not any("model_parallel" in name for name in StrategyRegistry)
 
 
+@pytest.mark.both_packages
 def test_registration_is_idempotent() -> None:
     before = {name: dict(entry) for name, entry in StrategyRegistry.items()}
     PolicyDDPStrategy.register_strategies(StrategyRegistry)
@@ -154,6 +164,7 @@ def test_registration_is_idempotent() -> None:
 
 
 # ---- DeepSpeed -----------------------------------------------------------------------------------------------------
+@pytest.mark.both_packages
 @pytest.mark.skipif(DEEPSPEED_INSTALLED, reason="checks the error raised where DeepSpeed is missing")
 def test_deepspeed_missing_is_a_named_import_error() -> None:
     message = r"needs the `deepspeed` package, which is not installed\. Install it with `pip install deepspeed`"
@@ -190,7 +201,7 @@ CLI_STRATEGIES = {
           early_stopping_policy:
             class_path: lightning_ext.Quorum
             init_args:
-              k: 2
+              k: 0.75
           per_rank_metrics: true
     """,
     "model_parallel": """
@@ -233,11 +244,12 @@ def test_lightning_cli_yaml_config(tmp_path: Path, kind: str) -> None:
         assert built.checkpoint_policy == built.early_stopping_policy == Majority()
         return
     assert built.checkpoint_policy == resolve_policy({"fsdp": "majority", "model_parallel": "mean"}[kind])
-    assert built.early_stopping_policy == Quorum(2)
+    assert built.early_stopping_policy == {"fsdp": Quorum(0.75), "model_parallel": Quorum(2)}[kind]
     assert built.per_rank_metrics is not None
 
 
 # ---- the mixin on a strategy it cannot work with -------------------------------------------------------------------
+@pytest.mark.both_packages
 def test_mixin_on_a_single_device_strategy_is_a_type_error() -> None:
     class SingleWithPolicies(PolicyStrategyMixin, SingleDeviceStrategy):  # type: ignore[misc]
         pass
@@ -263,7 +275,9 @@ def _required_group(self: Any, decision: bool, all: bool = True, *, group: Any) 
 @pytest.mark.parametrize(
     ("function", "problem"),
     [
-        (_no_all, r"has the signature \(self: 'Any', decision: 'bool'\) -> 'bool'"),
+        pytest.param(
+            _no_all, r"has the signature \(self: 'Any', decision: 'bool'\) -> 'bool'", marks=pytest.mark.both_packages
+        ),
         (_required_group, r"has the signature \(self: 'Any', decision: 'bool', all: 'bool' = True, \*, group: 'Any'\)"),
         (property(lambda self: None), "is a property, not a method"),
     ],
@@ -295,6 +309,7 @@ def test_compatible_reduce_boolean_decision_is_accepted(function: Any) -> None:
     assert strategy.checkpoint_policy == Majority()
 
 
+@pytest.mark.both_packages
 def test_mixin_after_the_strategy_is_a_type_error_at_class_definition() -> None:
     with pytest.raises(TypeError, match=r"put the mixin first: class Backwards\(PolicyStrategyMixin, DDPStrategy\)"):
 
@@ -302,6 +317,7 @@ def test_mixin_after_the_strategy_is_a_type_error_at_class_definition() -> None:
             pass
 
 
+@pytest.mark.both_packages
 def test_subclass_of_a_ready_strategy_is_accepted() -> None:
     class MyFSDP(PolicyFSDPStrategy):
         pass

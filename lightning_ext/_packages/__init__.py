@@ -1,0 +1,1 @@
+"""Lightning's two packages, ``lightning`` and ``pytorch_lightning``: which one a module uses, and the mirror."""
