@@ -86,7 +86,6 @@ class HangGuard:
         self.monitor = stall.start(self.stall_options, recorder, watchdog, namespace, peers, self._safe_flush)
         if self.monitor is not None:
             watchdog.on_error = self._on_posted
-            _watch_checkpoints(trainer, recorder)
 
     def finish(self, trainer: Any) -> None:
         """A last check when a fit/validate/test ends normally: every rank must end it, not wait at another check."""
@@ -103,7 +102,6 @@ class HangGuard:
             return
         if monitor is not None:
             monitor.stop()
-            _unwatch_checkpoints(recorder.trainer)
         if lockstep is not None:
             logs.stop()
             loaders.stop()
@@ -207,33 +205,6 @@ class HangGuard:
     def _safe_flush(self) -> None:
         with contextlib.suppress(Exception):  # a diagnostic must never stand in the way of the real error
             self._flush()
-
-
-def _watch_checkpoints(trainer: Any, recorder: Recorder) -> None:
-    """Mark the strategy's checkpoint writes and loads as progress for the stall monitor, however long they take.
-
-    Instance attributes over the strategy's own methods (whatever class implements them), removed at teardown.
-    """
-    strategy = getattr(trainer, "strategy", None)
-    if strategy is None:
-        return
-    for name in ("save_checkpoint", "load_checkpoint"):
-        vars(strategy)[name] = _busy(getattr(strategy, name), recorder)
-
-
-def _unwatch_checkpoints(trainer: Any) -> None:
-    strategy = getattr(trainer, "strategy", None)
-    if strategy is not None:
-        for name in ("save_checkpoint", "load_checkpoint"):
-            vars(strategy).pop(name, None)
-
-
-def _busy(method: Callable[..., Any], recorder: Recorder) -> Callable[..., Any]:
-    def busy(*args: Any, **kwargs: Any) -> Any:
-        with recorder.busy():
-            return method(*args, **kwargs)
-
-    return busy
 
 
 def _called_as(frame: Any) -> str:

@@ -78,7 +78,9 @@ def start(
         return None
     limits = thresholds(options.stall_timeout, _collective.training_timeout())
     processes = [(pid, host) for pid, host, _ in peers]
-    return StallMonitor(recorder, watchdog, limits, options.on_stall, namespace, peers[0][2], processes, flush)
+    monitor = StallMonitor(recorder, watchdog, limits, options.on_stall, namespace, peers[0][2], processes, flush)
+    _checkpoint_work(recorder.trainer, recorder)
+    return monitor
 
 
 class StallMonitor:
@@ -128,9 +130,10 @@ class StallMonitor:
         self._thread.start()
 
     def stop(self) -> None:
-        """End the thread and let go of the watchdog (teardown)."""
+        """End the thread, let go of the watchdog and of the checkpoint methods (teardown)."""
         self._ended.set()
         self.watchdog.handlers.pop("stall", None)
+        _checkpoint_work(self.recorder.trainer, None)
         if self._thread is not threading.current_thread():
             self._thread.join(5.0)
 
@@ -326,6 +329,29 @@ class StallMonitor:
             return
         self.record = posted
         self.ending.begin(posted)
+
+
+def _checkpoint_work(trainer: Any, recorder: Recorder | None) -> None:
+    """Mark checkpoint work as progress however long it takes (``recorder``), or stop marking it (``None``).
+
+    The work: building the checkpoint (``dump_checkpoint``: state dicts, ``on_save_checkpoint`` hooks), writing it and
+    loading one (the strategy's ``save_checkpoint``, ``load_checkpoint``), not the barrier after a save. Instance
+    attributes over the objects' own methods (whatever class implements them), removed at teardown.
+    """
+    with contextlib.suppress(AttributeError):  # a trainer half set up, or none (the launching process under spawn)
+        owners = (trainer.strategy, trainer.strategy, trainer._checkpoint_connector)
+        for owner, name in zip(owners, ("save_checkpoint", "load_checkpoint", "dump_checkpoint"), strict=True):
+            vars(owner).pop(name, None)
+            if recorder is not None:
+                vars(owner)[name] = _busy(getattr(owner, name), recorder)
+
+
+def _busy(method: Callable[..., Any], recorder: Recorder) -> Callable[..., Any]:
+    def busy(*args: Any, **kwargs: Any) -> Any:
+        with recorder.busy():
+            return method(*args, **kwargs)
+
+    return busy
 
 
 def _first_line(error: BaseException) -> str:

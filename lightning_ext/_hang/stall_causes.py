@@ -241,21 +241,22 @@ def _group(name: str) -> str:
 
 
 def _odd_calls(everyone: Sequence[RankReport]) -> list[tuple[RankReport, list[int]]]:
-    """Ranks inside a collective call that some other rank never made (its number beyond that rank's count)."""
+    """Ranks inside a collective call that other ranks never made: their count on its group is short of its number,
+    and they wait elsewhere (a rank that computes has not made it yet: it is behind, not waiting)."""
     found = []
     for report in everyone:
         inside = None if report.facts is None else report.facts.inside
         if inside is None:
             continue
-        never = [
-            other.rank
+        short = [
+            other
             for other in everyone
             if other.facts is not None
             and other.rank != report.rank
             and other.facts.counts.get(inside.group, 0) < inside.index
         ]
-        if never:
-            found.append((report, never))
+        if short and all(waits(other, everyone) is not None for other in short):
+            found.append((report, [other.rank for other in short]))
     return found
 
 

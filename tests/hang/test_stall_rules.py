@@ -146,3 +146,10 @@ def test_the_report_has_every_rank_and_its_stacks() -> None:
 def test_bad_options_name_the_problem(options: dict[str, object], error: type[Exception], fragment: str) -> None:
     with pytest.raises(error, match=fragment.replace("(", r"\(").replace(")", r"\)")):
         PolicyDDPStrategy(**options)  # type: ignore[arg-type]
+
+
+def test_a_rank_that_computes_is_behind_not_a_rank_that_waits_in_a_call_it_has_not_made_yet() -> None:
+    text, behind = summarize([in_call(0, 130.0, 37), computing(1, 131.0)])  # rank 1: 36 calls on the group so far
+    assert behind == [1]
+    assert text.startswith("Rank 1 is behind: it has made no progress for 131 s, computing in training_step")
+    assert "rank 0 waits for it in torch.distributed.all_reduce (its call #37 on the default group)" in text
