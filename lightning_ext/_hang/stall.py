@@ -18,7 +18,12 @@ from typing import Any, Literal
 from lightning_ext import _collective
 from lightning_ext._hang.facts import Recorder
 from lightning_ext._hang.stall_causes import Thresholds, is_stalled, report_text, summarize, thresholds
-from lightning_ext._hang.stall_end import StallEnding, StallInterrupt
+from lightning_ext._hang.stall_end import (
+    StallEnding,
+    StallInterrupt,
+    defer_child_observer,
+    restore_child_observer,
+)
 from lightning_ext._hang.stall_facts import RankReport, collect, launched, liveness, progress_marks
 from lightning_ext._hang.watchdog import ErrorRecord, Watchdog, mail
 from lightning_ext.errors import is_joint
@@ -80,6 +85,7 @@ def start(
     processes = [(pid, host) for pid, host, _ in peers]
     monitor = StallMonitor(recorder, watchdog, limits, options.on_stall, namespace, peers[0][2], processes, flush)
     _checkpoint_work(recorder.trainer, recorder)
+    defer_child_observer()
     return monitor
 
 
@@ -134,6 +140,7 @@ class StallMonitor:
         self._ended.set()
         self.watchdog.handlers.pop("stall", None)
         _checkpoint_work(self.recorder.trainer, None)
+        restore_child_observer()
         if self._thread is not threading.current_thread():
             self._thread.join(5.0)
 
@@ -211,6 +218,10 @@ class StallMonitor:
             return self._inquire(failure)
 
     def _inquire(self, failure: BaseException | None) -> ErrorRecord | None:
+        if failure is not None and self._reported is not None:  # the stall this rank reported ends the run now
+            path = self._reported[1]
+            _append(path, f"The run ended when rank {self.rank}'s collective failed: {_first_line(failure)}\n")
+            return self._end(self._summary, path, self._behind)
         try:
             episode = int(self._store.add("stall/episode", 0))
             if not self._claim(episode):

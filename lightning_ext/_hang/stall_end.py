@@ -10,18 +10,20 @@ import threading
 import time
 from collections.abc import Callable
 from types import FrameType
+from typing import Any
 
 from lightning_ext._hang.facts import Recorder
 from lightning_ext._hang.stall_facts import launched, liveness
 from lightning_ext._hang.watchdog import ErrorRecord
 
-__all__ = ["StallEnding", "StallInterrupt", "disarm_child_observer"]
+__all__ = ["StallEnding", "StallInterrupt", "defer_child_observer", "disarm_child_observer", "restore_child_observer"]
 
 _REACT = 1.0  # seconds a rank gets to raise the posted error by itself (at a check) before it is interrupted
 _GRACE_BEHIND = 2.0  # seconds a rank named as behind gets, once interrupted, before its process is ended
 _GRACE_POLLING = 7.0  # the same, while it waits for its DataLoader workers (their queue is polled every 5 s)
 _GRACE = 10.0  # the other ranks, once the ranks behind have ended (gloo releases their collectives then)
 _LONGEST = 60.0  # seconds a rank waits at most for the ranks behind to end before it ends
+_OBSERVER_GRACE = 20.0  # seconds Lightning's child observer waits before its kill, so a dead child is reported first
 
 
 class StallInterrupt(BaseException):
@@ -115,17 +117,52 @@ class StallEnding:
         os._exit(1)
 
 
-def disarm_child_observer() -> None:
-    """Keep Lightning's default launcher from killing rank 0 while every rank ends with the stall's error.
+def defer_child_observer() -> None:
+    """Have Lightning's default launcher wait a little before it kills rank 0 because a child rank ended.
 
-    Its ``_ChildProcessObserver`` thread (in rank 0's process) SIGKILLs rank 0 and every child as soon as one child
-    exits non-zero, so a child that exits first would cut rank 0 short of its report and its error. Once a stall is
-    established lightning-ext ends every rank itself, so the observer's kill is switched off for the rest of the run.
-    Elsewhere (no such thread) this does nothing.
+    Its ``_ChildProcessObserver`` thread (in rank 0's process) SIGKILLs rank 0 and every child within 5 s of one child
+    exiting non-zero. A child killed by ``SIGKILL`` fails rank 0's collective at once (gloo) and the stall report names
+    it: that takes a few seconds, which the observer now waits (:data:`_OBSERVER_GRACE`) before its kill, which then
+    comes only if rank 0 has not ended by itself. Elsewhere (no such thread) this does nothing.
     """
-    for thread in threading.enumerate():
-        if type(thread).__name__ == "_ChildProcessObserver":
-            thread.__dict__["_terminate_all"] = _nothing
+    for thread in _observers():
+        if not isinstance(vars(thread).get("_terminate_all"), _Deferred):
+            vars(thread)["_terminate_all"] = _Deferred(thread._terminate_all)
+
+
+def disarm_child_observer() -> None:
+    """Switch the observer's kill off for the rest of the run: a stall is established, and lightning-ext ends every
+    rank itself (a child that exits first must not cut rank 0 short of its report and its error)."""
+    for thread in _observers():
+        deferred = vars(thread).get("_terminate_all")
+        if isinstance(deferred, _Deferred):
+            deferred.disarmed = True
+        else:
+            vars(thread)["_terminate_all"] = _nothing
+
+
+def restore_child_observer() -> None:
+    """Give the observer its own kill back (teardown of a run without a stall)."""
+    for thread in _observers():
+        deferred = vars(thread).get("_terminate_all")
+        if isinstance(deferred, _Deferred) and not deferred.disarmed:
+            del vars(thread)["_terminate_all"]
+
+
+class _Deferred:
+    """The observer's kill, after :data:`_OBSERVER_GRACE` seconds, unless disarmed meanwhile (the observer's thread)."""
+
+    def __init__(self, terminate: Callable[[], None]) -> None:
+        self.terminate, self.disarmed = terminate, False
+
+    def __call__(self) -> None:
+        time.sleep(_OBSERVER_GRACE)
+        if not self.disarmed:
+            self.terminate()
+
+
+def _observers() -> list[Any]:
+    return [thread for thread in threading.enumerate() if type(thread).__name__ == "_ChildProcessObserver"]
 
 
 def _nothing() -> None:

@@ -3,7 +3,9 @@
 Rank 1 of ``tests/helpers/scripts/stall_job.py`` stalls at training batch 3: it computes forever, blocks in a
 ``torch.distributed.all_reduce`` that rank 0 never makes, is killed (``SIGKILL``), or waits for a DataLoader worker that
 never returns. With ``PolicyDDPStrategy(stall_timeout=5)`` every rank that can act must raise ``StallError`` within the
-threshold plus a few seconds, the report must name rank 1 and the place, and no process may be left running. The same
+threshold plus a few seconds, the report must name rank 1 and the place, and no process may be left running. Under
+spawn the job keeps the default (``"auto"``) with a process group timeout of 15 s: it is reported shortly before that
+timeout and ended only at it, when the waiting collective times out. The same
 jobs under stock ``DDPStrategy`` are shown still hanging well past that, or (``SIGKILL`` on gloo) ending with an error
 that names no rank. Our jobs run two at a time in the background; the stock ones all start with the module and wait
 (they sleep or wait in gloo, so they cost little CPU while ours run).
@@ -28,6 +30,7 @@ SCRIPT = REPO / "tests" / "helpers" / "scripts" / "stall_job.py"
 STALL_TIMEOUT = 5.0  # the script's
 LIMIT = STALL_TIMEOUT + 15.0  # seconds from the stall to the last rank's error
 RUN_TIMEOUT = 150.0
+AUTO = {("endless", "spawn"): 15.0}  # the cases run with the default stall_timeout: their process group timeout
 STOCK_CUTOFF = LIMIT  # a stock job still running when every rank of ours has ended is hanging
 
 
@@ -60,6 +63,8 @@ def run_job(kind: str, strategy: str, root: Path, launcher: str) -> tuple[list[J
     log_dir = root / f"{kind}-{strategy}-{launcher}"
     log_dir.mkdir(parents=True)
     args = [str(SCRIPT), kind, strategy, str(log_dir)]
+    timeout = AUTO.get((kind, launcher)) if strategy == "ours" else None
+    auto = {"STALL_TIMEOUT": "auto", "PG_TIMEOUT": str(timeout)} if timeout else {}
     if launcher == "torchrun":
         port = str(free_port())
         return [
@@ -71,7 +76,7 @@ def run_job(kind: str, strategy: str, root: Path, launcher: str) -> tuple[list[J
             )
             for node in range(2)
         ], log_dir  # fmt: skip
-    return [Job([sys.executable, *args], clean_env(LAUNCHER=launcher), log_dir / "job.log")], log_dir
+    return [Job([sys.executable, *args], clean_env(LAUNCHER=launcher, **auto), log_dir / "job.log")], log_dir
 
 
 def finish(kind: str, root: Path, launcher: str) -> tuple[dict[str, Any], Path, str]:
@@ -139,8 +144,14 @@ def test_every_rank_that_can_act_raises_the_stall_error(kind: str, launcher: str
         for fragment in fragments:
             assert fragment in outcome["message"], f"{fragment!r} not in:\n{outcome['message']}"
     latency = max(outcome["at"] for outcome in outcomes.values()) - stalled_at(log_dir)
-    assert latency <= LIMIT, f"the last rank raised {latency:.1f}s after the stall"
     report = (log_dir / "run" / "stall_report.txt").read_text()
+    group_timeout = AUTO.get((kind, launcher))
+    if group_timeout is None:
+        assert latency <= LIMIT, f"the last rank raised {latency:.1f}s after the stall"
+    else:  # reported before the process group's timeout, ended by it (not before)
+        assert group_timeout - 1.0 <= latency <= group_timeout + 15.0, f"ended {latency:.1f}s after the stall"
+        assert "stall_timeout='auto': report 1.5 s before the process group's timeout" in report
+        assert "The run ended when rank 0's collective failed: RuntimeError: Timed out waiting 15000ms" in report
     summary = next(line for line in report.splitlines() if line.startswith("Summary: "))
     assert all(fragment in summary for fragment in fragments), summary
     for rank in ("0", "1"):

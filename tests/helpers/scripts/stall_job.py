@@ -1,8 +1,9 @@
 """A user's training script in which rank 1 stalls at training batch 3, in a way no hang check can name.
 
-Usage: ``python stall_job.py KIND STRATEGY LOG_DIR`` with STRATEGY ``ours`` (``PolicyDDPStrategy(stall_timeout=5)``)
-or ``stock`` (Lightning's ``DDPStrategy``); ``LAUNCHER`` is ``popen`` (default), ``spawn`` or ``torchrun`` (one
-process per node, ``NUM_NODES=2``). KIND:
+Usage: ``python stall_job.py KIND STRATEGY LOG_DIR`` with STRATEGY ``ours`` (``PolicyDDPStrategy(stall_timeout=5)``;
+``STALL_TIMEOUT=auto`` for the default) or ``stock`` (Lightning's ``DDPStrategy``); ``PG_TIMEOUT`` is the process group's
+timeout in seconds (default 1800); ``LAUNCHER`` is ``popen`` (default), ``spawn`` or ``torchrun`` (one process per node,
+``NUM_NODES=2``). KIND:
 
 * ``endless``: rank 1 computes forever in ``training_step``;
 * ``collective_alone``: rank 1 calls ``torch.distributed.all_reduce`` on a group of every rank, which rank 0 never
@@ -21,6 +22,7 @@ import os
 import signal
 import sys
 import time
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -31,7 +33,8 @@ from torch.utils.data import DataLoader, Dataset
 
 from lightning_ext import PolicyDDPStrategy
 
-STALL_TIMEOUT = 5.0
+STALL_TIMEOUT = os.environ.get("STALL_TIMEOUT", "5")
+PG_TIMEOUT = timedelta(seconds=float(os.environ.get("PG_TIMEOUT", "1800")))
 STALLING_RANK, STALLING_BATCH = 1, 3
 
 
@@ -101,9 +104,10 @@ def main() -> None:
     launcher = os.environ.get("LAUNCHER", "popen")
     start_method = "spawn" if launcher == "spawn" else "popen"
     if strategy_kind == "stock":
-        strategy: object = DDPStrategy(start_method=start_method)
+        strategy: object = DDPStrategy(start_method=start_method, timeout=PG_TIMEOUT)
     else:
-        strategy = PolicyDDPStrategy(start_method=start_method, stall_timeout=STALL_TIMEOUT)
+        stall_timeout = STALL_TIMEOUT if STALL_TIMEOUT == "auto" else float(STALL_TIMEOUT)
+        strategy = PolicyDDPStrategy(start_method=start_method, timeout=PG_TIMEOUT, stall_timeout=stall_timeout)
     trainer = Trainer(
         accelerator="cpu",
         devices=2 if launcher != "torchrun" else 1,
