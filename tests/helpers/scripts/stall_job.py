@@ -1,9 +1,9 @@
 """A user's training script in which rank 1 stalls at training batch 3, in a way no hang check can name.
 
 Usage: ``python stall_job.py KIND STRATEGY LOG_DIR`` with STRATEGY ``ours`` (``PolicyDDPStrategy(stall_timeout=5)``;
-``STALL_TIMEOUT=auto`` for the default) or ``stock`` (Lightning's ``DDPStrategy``); ``PG_TIMEOUT`` is the process group's
-timeout in seconds (default 1800); ``LAUNCHER`` is ``popen`` (default), ``spawn`` or ``torchrun`` (one process per node,
-``NUM_NODES=2``). KIND:
+``STALL_TIMEOUT=auto`` for the default) or ``stock`` (Lightning's ``DDPStrategy``); ``PG_TIMEOUT`` is the process
+group's timeout in seconds (default 1800); ``LAUNCHER`` is ``popen`` (default), ``spawn`` or ``torchrun`` (one process
+per node, ``NUM_NODES=2``). KIND:
 
 * ``endless``: rank 1 computes forever in ``training_step``;
 * ``collective_alone``: rank 1 calls ``torch.distributed.all_reduce`` on a group of every rank, which rank 0 never
