@@ -162,7 +162,10 @@ class StallMonitor:
         self.ending.handled()
         if is_joint(error):
             return None
-        posted = self.watchdog.read_posted()
+        try:
+            posted = self.watchdog.read_posted()
+        except Exception:  # the store is gone with the process that held it: what this rank's watchdog saw
+            posted = self.watchdog.posted()
         if posted is not None and posted.cls == "StallError":
             return posted
         if self.record is not None:
@@ -312,15 +315,22 @@ class StallMonitor:
         return path
 
     def _report_alone(self, failure: BaseException | None) -> ErrorRecord:
-        mine = collect(self.recorder, self.since_progress(), self.host)
-        summary = (
-            "the other ranks cannot be reached: the store does not answer (under Lightning's default launcher it lives"
-            " in rank 0's process, so rank 0's process has probably ended)"
+        """The store is gone with the process that held it: this rank reports what it knows, in a file of its own."""
+        everyone = [collect(self.recorder, self.since_progress(), self.host)]
+        children = launched(self.recorder.trainer)
+        for rank, (pid, host) in enumerate(self.processes):
+            if rank != self.rank:
+                state = liveness(pid, host, self.host, children)
+                detail = state.detail if state.alive is False else "not asked: the store does not answer"
+                everyone.append(RankReport(rank, "exited" if state.alive is False else "silent", detail, pid, host))
+        everyone.sort(key=lambda report: report.rank)
+        summary, _ = summarize(everyone, {} if failure is None else {self.rank: _first_line(failure)})
+        summary += (
+            " The store does not answer: the process that held it ended (rank 0's under Lightning's default launcher,"
+            " the first node's agent under torchrun)."
         )
         header = [f"lightning-ext stall report of rank {self.rank} alone", f"Threshold: {self.thresholds.origin}"]
-        if failure is not None:
-            header.append(f"Seen when rank {self.rank}'s collective failed: {_first_line(failure)}")
-        text = report_text([mine], summary, header)
+        text = report_text(everyone, summary, header)
         path = os.path.join(self.log_dir or os.getcwd(), f"stall_report.rank{self.rank}.txt")
         print(text, file=sys.stderr, flush=True)
         _append(path, text)

@@ -2,15 +2,14 @@
 
 Rank 1 of ``tests/helpers/scripts/stall_job.py`` stalls at training batch 3: it computes forever, blocks in a
 ``torch.distributed.all_reduce`` that rank 0 never makes, is killed (``SIGKILL``), or waits for a DataLoader worker that
-never returns. With ``PolicyDDPStrategy(stall_timeout=5)`` every rank that can act must raise ``StallError`` within the
-threshold plus a few seconds, the report must name rank 1 and the place, and no process may be left running. Under
-spawn the job keeps the default (``"auto"``) with a process group timeout of 15 s: it is reported shortly before that
-timeout and ended only at it, when the waiting collective times out. The same
-jobs under stock ``DDPStrategy`` are shown still hanging well past that, or (``SIGKILL`` on gloo) ending with an error
-that names no rank. Our jobs run two at a time in the background; the stock ones all start with the module and wait
-(they sleep or wait in gloo, so they cost little CPU while ours run).
+never returns; or rank 0 is killed under torchrun. With ``PolicyDDPStrategy(stall_timeout=5)`` every rank that can act
+must raise ``StallError`` within the threshold plus a few seconds, the report must name the rank and the place, and no
+process may be left running. Under spawn the job keeps the default (``"auto"``) with a process group timeout of 15 s:
+it is reported shortly before that timeout and ended only at it, when the waiting collective times out. The same jobs
+under stock ``DDPStrategy`` are shown still hanging well past that, or (``SIGKILL`` on gloo) ending with an error that
+names no rank. Our jobs run two at a time in the background; the stock ones all start with the module and wait (they
+sleep or wait in gloo, so they cost little CPU while ours run).
 """
-
 from __future__ import annotations
 
 import json
@@ -55,7 +54,10 @@ EXPECTED: dict[tuple[str, str], tuple[set[str], tuple[str, ...]]] = {
     ("stuck_worker", "popen"): ({"0", "1"}, ("Rank 1 is behind", "waiting for a batch from its DataLoader worker")),
     ("endless", "spawn"): ({"parent"}, ("Rank 1 is behind", "computing in training_step")),
     ("stuck_worker", "torchrun"): ({"0", "1"}, ("Rank 1 is behind", "waiting for a batch from its DataLoader worker")),
+    # the first node's agent held the store and ended with rank 0: rank 1 reports alone, in a file of its own
+    ("sigkill_rank0", "torchrun"): ({"1"}, ("Rank 0 is gone", "The store does not answer")),
 }  # fmt: skip
+REPORTS = {"sigkill_rank0": "stall_report.rank1.txt"}  # the report's file, if not stall_report.txt
 
 
 def run_job(kind: str, strategy: str, root: Path, launcher: str) -> tuple[list[Job], Path]:
@@ -144,7 +146,7 @@ def test_every_rank_that_can_act_raises_the_stall_error(kind: str, launcher: str
         for fragment in fragments:
             assert fragment in outcome["message"], f"{fragment!r} not in:\n{outcome['message']}"
     latency = max(outcome["at"] for outcome in outcomes.values()) - stalled_at(log_dir)
-    report = (log_dir / "run" / "stall_report.txt").read_text()
+    report = (log_dir / "run" / REPORTS.get(kind, "stall_report.txt")).read_text()
     group_timeout = AUTO.get((kind, launcher))
     if group_timeout is None:
         assert latency <= LIMIT, f"the last rank raised {latency:.1f}s after the stall"

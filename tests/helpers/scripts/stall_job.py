@@ -8,7 +8,8 @@ per node, ``NUM_NODES=2``). KIND:
 * ``endless``: rank 1 computes forever in ``training_step``;
 * ``collective_alone``: rank 1 calls ``torch.distributed.all_reduce`` on a group of every rank, which rank 0 never
   calls (rank 0 goes on into the backward pass);
-* ``sigkill``: rank 1's process is killed (``SIGKILL``);
+* ``sigkill``: rank 1's process is killed (``SIGKILL``); ``sigkill_rank0``: rank 0's (under torchrun the agent holds
+  the store; under Lightning's default launcher rank 0 holds it);
 * ``stuck_worker``: rank 1's DataLoader worker never returns the batch;
 * ``none``: nothing goes wrong.
 
@@ -79,6 +80,9 @@ class Stalling(LightningModule):
     def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
         if batch_idx == STALLING_BATCH and self.global_rank == STALLING_RANK:
             self._stall()
+        if batch_idx == STALLING_BATCH and self.global_rank == 0 and self.kind == "sigkill_rank0":
+            _mark(self.log_dir)
+            os.kill(os.getpid(), signal.SIGKILL)
         return self.layer(batch).pow(2).mean()
 
     def _stall(self) -> None:
