@@ -10,6 +10,7 @@ under stock ``DDPStrategy`` are shown still hanging well past that, or (``SIGKIL
 names no rank. Our jobs run two at a time in the background; the stock ones all start with the module and wait (they
 sleep or wait in gloo, so they cost little CPU while ours run).
 """
+
 from __future__ import annotations
 
 import json
