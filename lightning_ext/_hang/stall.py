@@ -24,7 +24,7 @@ from lightning_ext._hang.stall_end import (
     defer_child_observer,
     restore_child_observer,
 )
-from lightning_ext._hang.stall_facts import RankReport, collect, launched, liveness, progress_marks
+from lightning_ext._hang.stall_facts import RankReport, checkpoint_work, collect, launched, liveness, progress_marks
 from lightning_ext._hang.watchdog import ErrorRecord, Watchdog, mail
 from lightning_ext.errors import is_joint
 
@@ -84,7 +84,7 @@ def start(
     limits = thresholds(options.stall_timeout, _collective.training_timeout())
     processes = [(pid, host) for pid, host, _ in peers]
     monitor = StallMonitor(recorder, watchdog, limits, options.on_stall, namespace, peers[0][2], processes, flush)
-    _checkpoint_work(recorder.trainer, recorder)
+    checkpoint_work(recorder.trainer, recorder)
     defer_child_observer()
     return monitor
 
@@ -139,7 +139,7 @@ class StallMonitor:
         """End the thread, let go of the watchdog and of the checkpoint methods (teardown)."""
         self._ended.set()
         self.watchdog.handlers.pop("stall", None)
-        _checkpoint_work(self.recorder.trainer, None)
+        checkpoint_work(self.recorder.trainer, None)
         restore_child_observer()
         if self._thread is not threading.current_thread():
             self._thread.join(5.0)
@@ -173,7 +173,10 @@ class StallMonitor:
         if isinstance(error, StallInterrupt) or _collective.is_communication_failure(error):
             if posted is not None and posted.rank != self.rank:  # another rank's error ended its process: that one
                 return None
-            return self.inquire(failure=error)
+            try:
+                return self.inquire(failure=error)
+            except Exception as failure:  # a diagnostic steps aside: the run ends with its own error
+                warnings.warn(f"lightning-ext's stall report failed: {failure!r}", RuntimeWarning, stacklevel=1)
         return None
 
     # ---- the thread ----------------------------------------------------------------------------------------------
@@ -199,17 +202,15 @@ class StallMonitor:
             self.inquire()
 
     def _follow_up(self, quiet: float) -> None:
-        """After a report: say when the run moves again; end it at ``end_after`` (``on_stall="error"``)."""
+        """After a report that did not end the run: say so when the run moves again (this rank progressed)."""
         since, path = self._reported or (0.0, "")
-        waited = time.monotonic() - since + self.thresholds.report_after
-        if quiet < time.monotonic() - since:  # this rank progressed after the report: the stall resolved itself
+        if quiet < time.monotonic() - since:
+            waited = time.monotonic() - since + self.thresholds.report_after
             note = f"lightning-ext: the stall reported in {path} resolved itself after {waited:.0f} s: training goes on"
             print(note, file=sys.stderr, flush=True)
             _append(path, note + "\n")
             self._reported = None
             self._store.add("stall/episode", 1)
-        elif self.on_stall == "error" and waited >= self.thresholds.end_after:
-            self._end(self._summary, path, self._behind)
 
     # ---- an inquiry: claim, gather, decide, report ----------------------------------------------------------------
     def inquire(self, failure: BaseException | None = None) -> ErrorRecord | None:
@@ -240,9 +241,8 @@ class StallMonitor:
         path = self._write(everyone, summary, failure)
         self._summary, self._behind = summary, behind
         self._reported = (time.monotonic(), path)
-        limits = self.thresholds
         # a failed collective ends the run anyway: with the stall's error, in either mode
-        if failure is not None or (self.on_stall == "error" and limits.end_after <= limits.report_after):
+        if failure is not None or (self.on_stall == "error" and self.thresholds.ends):
             return self._end(summary, path, behind)
         return None
 
@@ -350,29 +350,6 @@ class StallMonitor:
             return
         self.record = posted
         self.ending.begin(posted)
-
-
-def _checkpoint_work(trainer: Any, recorder: Recorder | None) -> None:
-    """Mark checkpoint work as progress however long it takes (``recorder``), or stop marking it (``None``).
-
-    The work: building the checkpoint (``dump_checkpoint``: state dicts, ``on_save_checkpoint`` hooks), writing it and
-    loading one (the strategy's ``save_checkpoint``, ``load_checkpoint``), not the barrier after a save. Instance
-    attributes over the objects' own methods (whatever class implements them), removed at teardown.
-    """
-    with contextlib.suppress(AttributeError):  # a trainer half set up, or none (the launching process under spawn)
-        owners = (trainer.strategy, trainer.strategy, trainer._checkpoint_connector)
-        for owner, name in zip(owners, ("save_checkpoint", "load_checkpoint", "dump_checkpoint"), strict=True):
-            vars(owner).pop(name, None)
-            if recorder is not None:
-                vars(owner)[name] = _busy(getattr(owner, name), recorder)
-
-
-def _busy(method: Callable[..., Any], recorder: Recorder) -> Callable[..., Any]:
-    def busy(*args: Any, **kwargs: Any) -> Any:
-        with recorder.busy():
-            return method(*args, **kwargs)
-
-    return busy
 
 
 def _first_line(error: BaseException) -> str:

@@ -12,23 +12,23 @@ from lightning_ext._hang.stall_facts import RankReport
 __all__ = ["Thresholds", "is_stalled", "report_text", "summarize", "thresholds", "waits"]
 
 _AUTO_MARGIN = timedelta(seconds=60)
-_BACKEND_GRACE = 5.0  # seconds after the process group's timeout before lightning-ext ends a wait the backend did not
 
 
 @dataclass(frozen=True)
 class Thresholds:
-    """When a wait is reported, and when the run is ended.
+    """When a wait is reported, and whether the report ends the run.
 
     Attributes:
         report_after: seconds of waiting (and of no progress anywhere) before the report.
-        end_after: seconds before the run is ended (``on_stall="error"``).
+        ends: whether the report ends the run (``on_stall="error"``); if not, the run ends only when the waiting
+            collective fails (at the backend's timeout).
         origin: how they were set, for people.
         group: the process group's timeout, in seconds.
 
     """
 
     report_after: float
-    end_after: float
+    ends: bool
     origin: str
     group: float
 
@@ -36,27 +36,27 @@ class Thresholds:
 def thresholds(stall_timeout: float | str, group_timeout: timedelta) -> Thresholds:
     """The thresholds of ``stall_timeout`` (seconds, or ``"auto"``) under a process group timeout ``group_timeout``.
 
-    ``"auto"`` reports ``min(60 s, timeout / 10)`` before the process group's timeout and ends the run only at that
-    timeout (plus a few seconds for the backend's own error to come first), when the waiting collective fails anyway:
-    so the default never ends a run that would have lived.
+    ``"auto"`` reports ``min(60 s, timeout / 10)`` before the process group's timeout and leaves the end to the
+    backend: the waiting collective fails at its group's timeout, and that failure becomes the ``StallError``. So the
+    default never ends a run that would have lived (a collective on a group with a longer timeout waits as long).
 
     Example:
         >>> limits = thresholds("auto", timedelta(minutes=30))
-        >>> limits.report_after, limits.end_after
-        (1740.0, 1805.0)
+        >>> limits.report_after, limits.ends
+        (1740.0, False)
         >>> thresholds("auto", timedelta(seconds=20)).report_after  # a tenth of a short timeout
         18.0
-        >>> thresholds(120, timedelta(minutes=30)).end_after
-        120.0
+        >>> limits = thresholds(120, timedelta(minutes=30))
+        >>> limits.report_after, limits.ends
+        (120.0, True)
 
     """
     limit = group_timeout.total_seconds()
     if stall_timeout == "auto":
         margin = min(_AUTO_MARGIN.total_seconds(), limit / 10)
         origin = f"stall_timeout='auto': report {margin:g} s before the process group's timeout, end at it"
-        return Thresholds(limit - margin, limit + _BACKEND_GRACE, origin, limit)
-    seconds = float(stall_timeout)
-    return Thresholds(seconds, seconds, f"stall_timeout={stall_timeout!r}", limit)
+        return Thresholds(limit - margin, False, origin, limit)
+    return Thresholds(float(stall_timeout), True, f"stall_timeout={stall_timeout!r}", limit)
 
 
 def waits(report: RankReport, everyone: Sequence[RankReport]) -> float | None:

@@ -1,4 +1,4 @@
-"""What a rank says about itself for a stall report: its facts, where it is in Lightning's terms, its stacks."""
+"""A rank in a stall report: its progress, its place in Lightning's terms, its stacks; whether a peer lives."""
 
 from __future__ import annotations
 
@@ -10,12 +10,13 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from lightning_ext._hang.facts import Call, Facts, Recorder
 
-__all__ = ["Liveness", "RankReport", "collect", "launched", "liveness", "progress_marks"]
+__all__ = ["Liveness", "RankReport", "checkpoint_work", "collect", "launched", "liveness", "progress_marks"]
 
 _LOGGED_KEYS = 6  # the last logged keys a report shows
 
@@ -74,6 +75,29 @@ def progress_marks(recorder: Recorder) -> tuple[Any, ...]:
             marks.extend((total.ready, total.completed))
         marks.append(trainer.global_step)
     return tuple(marks)
+
+
+def checkpoint_work(trainer: Any, recorder: Recorder | None) -> None:
+    """Mark checkpoint work as progress however long it takes (``recorder``), or stop marking it (``None``).
+
+    The work: building the checkpoint (``dump_checkpoint``: state dicts, ``on_save_checkpoint`` hooks), writing it and
+    loading one (the strategy's ``save_checkpoint``, ``load_checkpoint``), not the barrier after a save. Instance
+    attributes over the objects' own methods (whatever class implements them), removed at teardown.
+    """
+    with contextlib.suppress(AttributeError):  # a trainer half set up, or none (the launching process under spawn)
+        owners = (trainer.strategy, trainer.strategy, trainer._checkpoint_connector)
+        for owner, name in zip(owners, ("save_checkpoint", "load_checkpoint", "dump_checkpoint"), strict=True):
+            vars(owner).pop(name, None)
+            if recorder is not None:
+                vars(owner)[name] = _busy(getattr(owner, name), recorder)
+
+
+def _busy(method: Callable[..., Any], recorder: Recorder) -> Callable[..., Any]:
+    def busy(*args: Any, **kwargs: Any) -> Any:
+        with recorder.busy():
+            return method(*args, **kwargs)
+
+    return busy
 
 
 def collect(recorder: Recorder, since_progress: float, host: str) -> RankReport:
