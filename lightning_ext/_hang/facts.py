@@ -71,7 +71,7 @@ class Progress:
         stage: ``"train"``, ``"validate"``, ``"sanity_check"``, ``"test"``, ``"predict"`` or ``None``.
         epoch: the current epoch.
         train_batches: training batches started in the whole run so far.
-        train_done: whether the training dataloader of this epoch has run out.
+        train_done: whether the training dataloader of this epoch has run out (in training or in the validation after).
         eval_loader: ``"val"`` or ``"test"``: the evaluation loop of ``eval_batches``.
         eval_batches: batches started per dataloader in the running (or, in training, the last) evaluation run.
         eval_done: whether that evaluation run has run out of data (or ended).
@@ -384,7 +384,7 @@ def progress_of(trainer: Any) -> Progress | None:
             stage=stage_name,
             epoch=int(trainer.current_epoch),
             train_batches=int(epoch_loop.batch_progress.total.ready),
-            train_done=bool(stage_name == "train" and fetcher is not None and fetcher.done),
+            train_done=bool(fetcher is not None and fetcher.done),  # also while it validates at the epoch's end
             eval_loader="test" if stage_name == "test" else "val",
             eval_batches=tuple(seen.get(index, 0) for index in range(max(seen) + 1)) if seen else (),
             eval_done=not evaluating or bool(eval_fetcher is not None and eval_fetcher.done),

@@ -174,7 +174,8 @@ def _uneven(progress: Sequence[Progress | None]) -> tuple[str, str] | None:
     if len(known) < 2:
         return None
     if len({p.epoch for _, p in known}) == 1:
-        out = [(rank, p) for rank, p in known if p.stage != "train" or p.train_done]
+        # ran out: not merely elsewhere (a sanity check, a validation in the middle of the epoch)
+        out = [(rank, p) for rank, p in known if p.train_done]
         going = [(rank, p) for rank, p in known if p.stage == "train" and not p.train_done]
         if out and going and max(p.train_batches for _, p in going) >= min(p.train_batches for _, p in out):
             listed = ", ".join(

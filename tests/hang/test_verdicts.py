@@ -66,12 +66,27 @@ def test_a_signal_is_named_first() -> None:
 
 
 def test_a_stream_that_ran_out_on_one_rank_is_uneven_data() -> None:
-    done = Progress("validate", 0, train_batches=4, train_done=False)
+    done = Progress("validate", 0, train_batches=4, train_done=True)  # validating at the end of its epoch
     going = Progress("train", 0, train_batches=4, train_done=False)
     call = Call("world", 17, "torch.distributed.broadcast", "job.py:1 in main")
     error = describe_deadlock(LOG, [waiting(progress=done)], [Facts(1, inside=call, progress=going)])
     assert isinstance(error, errors.UnevenBatchesError)
     assert "train dataloader ran out on rank(s) [0]" in str(error) and "rank 1: 4 and more to come" in str(error)
+
+
+@pytest.mark.parametrize(
+    "elsewhere",
+    [Progress("sanity_check", 0, eval_batches=(1,)), Progress("validate", 0, train_batches=4, eval_batches=(2,))],
+    ids=["in the sanity check", "in a validation in the middle of the epoch"],
+)
+def test_a_rank_that_is_elsewhere_with_data_left_is_not_uneven_data(elsewhere: Progress) -> None:
+    """A rank blocked in a rank-guarded broadcast in validation_step while another went on into training: the
+    broadcast is named, not the training data (whose loader has not run out on any rank)."""
+    going = Progress("train", 0, train_batches=4)
+    call = Call("world", 3, "torch.distributed.broadcast (via Trainer.log_dir)", "job.py:36 in validation_step")
+    error = describe_deadlock(LOG, [Facts(1, progress=going)], [Facts(0, inside=call, progress=elsewhere)])
+    assert isinstance(error, errors.DivergentCollectiveError), error
+    assert "rank 0 is blocked in torch.distributed.broadcast (via Trainer.log_dir) called from job.py:36" in str(error)
 
 
 def test_equal_progress_is_not_uneven_data() -> None:
