@@ -157,8 +157,17 @@ def _tail(waiting: Sequence[RankReport], everyone: Sequence[RankReport], failed:
         f"rank {report.rank} waits for it in {_wait_text(report)} for {_seconds(waits(report, everyone))}"
         for report in waiting
     ]
-    parts += [f"rank {rank}'s collective call failed ({text})" for rank, text in sorted(failed.items())]
+    ranks = {report.rank: report for report in everyone}
+    for rank, text in sorted(failed.items()):
+        parts.append(f"rank {rank}'s collective call failed{_during(ranks.get(rank))} ({text})")
     return "; ".join(parts)
+
+
+def _during(report: RankReport | None) -> str:
+    """`` in backward, during training of epoch 0 (...)``: where a rank was, in Lightning's terms (or nothing)."""
+    progress = None if report is None or report.facts is None else report.facts.progress
+    hook = f" in {report.hook}" if report is not None and report.hook else ""
+    return hook + (f", during {progress.describe()}" if progress is not None else "")
 
 
 def report_text(everyone: Sequence[RankReport], summary: str, header: Sequence[str]) -> str:

@@ -113,10 +113,14 @@ def test_a_rank_that_does_not_answer_makes_no_progress_and_is_named() -> None:
     assert text.startswith("Rank 1 does not answer: its process may have died")
 
 
-def test_a_failed_collective_is_named_in_the_summary() -> None:
+def test_a_failed_collective_is_named_in_the_summary_with_where_its_rank_was() -> None:
     gone = RankReport(1, state="exited", detail="killed by SIGKILL")
-    text, _ = summarize([RankReport(0, facts=Facts(0), since_progress=1.0), gone], {0: "RuntimeError: reset by peer"})
-    assert text == "Rank 1 is gone: killed by SIGKILL; rank 0's collective call failed (RuntimeError: reset by peer)."
+    failing = RankReport(0, facts=Facts(0, progress=TRAINING), hook="backward", since_progress=1.0)
+    text, _ = summarize([failing, gone], {0: "RuntimeError: reset by peer"})
+    assert text == (
+        "Rank 1 is gone: killed by SIGKILL; rank 0's collective call failed in backward, during training of epoch 0"
+        " (4 training batch(es) so far) (RuntimeError: reset by peer)."
+    )
 
 
 def test_every_rank_in_the_same_call_blames_the_backend() -> None:
