@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 
 from lightning_ext import PolicyDDPStrategy
 from lightning_ext._hang.facts import Call, Facts, Progress
+from lightning_ext._hang.stall import _append
 from lightning_ext._hang.stall_causes import is_stalled, report_text, summarize, thresholds, waits
 from lightning_ext._hang.stall_facts import RankReport
 
@@ -157,3 +159,10 @@ def test_a_rank_that_computes_is_behind_not_a_rank_that_waits_in_a_call_it_has_n
     assert behind == [1]
     assert text.startswith("Rank 1 is behind: it has made no progress for 131 s, computing in training_step")
     assert "rank 0 waits for it in torch.distributed.all_reduce (its call #37 on the default group)" in text
+
+
+def test_a_report_that_cannot_be_written_warns_and_steps_aside(tmp_path: Path) -> None:
+    not_a_directory = tmp_path / "file"
+    not_a_directory.write_text("")
+    with pytest.warns(RuntimeWarning, match="could not write the stall report to .*stall_report.txt"):
+        _append(str(not_a_directory / "stall_report.txt"), "the report")
