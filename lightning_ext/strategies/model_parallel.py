@@ -7,6 +7,7 @@ from lightning.pytorch.strategies import ModelParallelStrategy
 from torch.distributed.constants import default_pg_timeout
 
 from lightning_ext._hang.guard import HangChecks, UnevenMode
+from lightning_ext._hang.stall import OnStall
 from lightning_ext.policies import PolicyLike
 from lightning_ext.rank_metrics import PerRankMetrics
 from lightning_ext.strategies.mixin import PolicyStrategyMixin
@@ -44,6 +45,8 @@ class PolicyModelParallelStrategy(PolicyStrategyMixin, ModelParallelStrategy):
         uneven_batches: UnevenMode = "error",
         check_unsized_loaders: bool = False,
         decision_record: bool = True,
+        stall_timeout: float | str | None = "auto",
+        on_stall: OnStall = "error",
     ) -> None:
         super().__init__(
             data_parallel_size=data_parallel_size,
@@ -58,4 +61,6 @@ class PolicyModelParallelStrategy(PolicyStrategyMixin, ModelParallelStrategy):
             uneven_batches=uneven_batches,
             check_unsized_loaders=check_unsized_loaders,
             decision_record=decision_record,
+            stall_timeout=stall_timeout,
+            on_stall=on_stall,
         )

@@ -48,6 +48,8 @@ MIXIN_OPTIONS = {
     "uneven_batches": "error",
     "check_unsized_loaders": False,
     "decision_record": True,
+    "stall_timeout": "auto",
+    "on_stall": "error",
 }
 PAIRS = [
     (PolicyDDPStrategy, DDPStrategy),
