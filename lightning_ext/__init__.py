@@ -40,6 +40,7 @@ _EXPORTS = {
     "RankMetricsError": "lightning_ext.errors",
     "RankMetricsWarning": "lightning_ext.errors",
     "RankZero": "lightning_ext.policies",
+    "StallError": "lightning_ext.errors",
     "VotePolicy": "lightning_ext.policies",
     "VoteTally": "lightning_ext.policies",
     "available_policies": "lightning_ext.policies",
@@ -73,6 +74,7 @@ __all__ = [
     "RankMetricsError",
     "RankMetricsWarning",
     "RankZero",
+    "StallError",
     "VotePolicy",
     "VoteTally",
     "available_policies",
@@ -99,6 +101,7 @@ if TYPE_CHECKING:
         PolicyMismatchError,
         RankMetricsError,
         RankMetricsWarning,
+        StallError,
     )
     from lightning_ext.policies import (
         AggregatePolicy,

@@ -24,6 +24,7 @@ __all__ = [
     "RankMetricsWarning",
     "RankSignalledError",
     "SeriesNotApplicableError",
+    "StallError",
     "UnevenBatchesError",
 ]
 
@@ -67,6 +68,11 @@ class RankFailedError(CrossRankError):
 
 class RankSignalledError(CrossRankError):
     """A rank received SIGTERM or SIGINT (a preemption notice, ``kill``, Ctrl-C) and the others did not."""
+
+
+class StallError(CrossRankError):
+    """The ranks stalled: a rank waited ``stall_timeout`` seconds for the others and no rank made progress, or a rank's
+    process is gone. The message names the rank(s) behind, the likely cause, and the stall report's file."""
 
 
 class DataLoaderSetupError(CrossRankError):

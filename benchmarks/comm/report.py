@@ -99,10 +99,12 @@ class Target:
 # per-rank metrics may cost up to 3% of a step; telemetry at every step, 1% of the same run without it (issue targets)
 _STEP_TARGETS = {"training_step/per_rank_metrics": STEP_TARGET, "training_step/telemetry": 1.01}
 # the default hang checks must stay within stock-against-itself noise: their ratio at most the upper end of the
-# 95% interval of the stock twin's ratio, in the same session (with 1 and with 5 synced values per step)
+# 95% interval of the stock twin's ratio, in the same session (with 1 and with 5 synced values per step); so must the
+# stall report, against the same run with it off
 _NOISE_TARGETS = {
     "training_step/hang_checks": "training_step/stock_twin",
     "training_step/hang_checks_5_synced": "training_step/stock_5_synced_twin",
+    "training_step/stall_report": "training_step/stock_twin",  # against stall_off: the stall report's own cost
 }
 
 

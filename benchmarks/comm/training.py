@@ -5,12 +5,16 @@ the ranks carry ``LOCAL_RANK``/``WORLD_SIZE``/...), with the same small model, d
 ``log_every_n_steps=1``:
 
 * ``stock``: ``DDPStrategy()``, run inside :func:`~benchmarks.comm.stock.stock_lightning` (no lightning-ext seam);
-* ``per_rank_metrics``: ``PolicyDDPStrategy(per_rank_metrics=True, hang_checks=False)``: the per-rank cost alone;
+* ``per_rank_metrics``: ``PolicyDDPStrategy(per_rank_metrics=True, hang_checks=False, stall_timeout=None)``: the
+  per-rank cost alone;
 * ``telemetry``: the same with ``PerRankMetrics(telemetry=True, telemetry_every_n_steps=1)``: a telemetry row at
   every step, compared with ``per_rank_metrics`` (the same run without telemetry);
 * ``hang_checks``: ``PolicyDDPStrategy()``, the default hang checks (each synced ``self.log`` checked in place of
   Lightning's barrier, the batch counts and epoch-end syncs checked once per epoch);
 * ``hang_checks_debug``: ``PolicyDDPStrategy(hang_checks="debug")`` (measured, no target);
+* ``stall_off`` and ``stall_report``: ``PolicyDDPStrategy(hang_checks=False)`` with ``stall_timeout=None`` and with
+  the default stall report (its counted collective calls and backward passes, its monitor thread); the second is
+  compared with the first: the stall report's own cost per step;
 * ``stock_twin``: a second, identical ``stock`` fit, compared with the first: the measurement's own noise, so that a
   ratio can be read against the ratio of stock to itself in the same run;
 * ``stock_stream`` and ``unsized_checks``: the same data as a stream without ``len`` (an ``IterableDataset`` that
@@ -94,6 +98,8 @@ CONFIGS = (
     "stock_5_synced",
     "stock_5_synced_twin",
     "hang_checks_5_synced",
+    "stall_off",
+    "stall_report",
 )
 # what a configuration is compared with, if not "stock"
 BASELINES = {
@@ -101,15 +107,22 @@ BASELINES = {
     "telemetry": "per_rank_metrics",
     "stock_5_synced_twin": "stock_5_synced",
     "hang_checks_5_synced": "stock_5_synced",
+    "stall_report": "stall_off",
 }
 SYNCED = {"stock_5_synced": 5, "stock_5_synced_twin": 5, "hang_checks_5_synced": 5}  # synced values per step, if not 1
 _OPTIONS: dict[str, dict[str, Any]] = {
-    "per_rank_metrics": {"per_rank_metrics": True, "hang_checks": False},
-    "telemetry": {"per_rank_metrics": PerRankMetrics(telemetry=True, telemetry_every_n_steps=1), "hang_checks": False},
+    "per_rank_metrics": {"per_rank_metrics": True, "hang_checks": False, "stall_timeout": None},
+    "telemetry": {
+        "per_rank_metrics": PerRankMetrics(telemetry=True, telemetry_every_n_steps=1),
+        "hang_checks": False,
+        "stall_timeout": None,
+    },
     "hang_checks": {},
     "hang_checks_debug": {"hang_checks": "debug"},
     "unsized_checks": {"check_unsized_loaders": True},
     "hang_checks_5_synced": {},
+    "stall_off": {"hang_checks": False, "stall_timeout": None},
+    "stall_report": {"hang_checks": False},
 }
 _STREAMS = ("stock_stream", "unsized_checks")
 SKIP_STEPS = 5

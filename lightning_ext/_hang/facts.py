@@ -8,6 +8,7 @@ import inspect
 import signal
 import sys
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -16,9 +17,10 @@ from typing import Any
 
 import torch.distributed as dist
 
+from lightning_ext._hang.progress import Progress, progress_of
 from lightning_ext._hang.sites import called_as, user_site
 
-__all__ = ["COUNTED", "Call", "Facts", "Progress", "Recorder", "SignalConsumer", "make_call", "progress_of"]
+__all__ = ["COUNTED", "Call", "Facts", "Recorder", "SignalConsumer", "make_call"]
 
 # the torch.distributed collectives whose calls are counted (point-to-point calls are not: they are not symmetric)
 COUNTED = (
@@ -60,42 +62,6 @@ class Call:
     index: int
     name: str
     site: str
-
-
-@dataclass(frozen=True)
-class Progress:
-    """Where a rank is in Lightning's loops.
-
-    Attributes:
-        stage: ``"train"``, ``"validate"``, ``"sanity_check"``, ``"test"``, ``"predict"`` or ``None``.
-        epoch: the current epoch.
-        train_batches: training batches started in the whole run so far.
-        train_done: whether the training dataloader of this epoch has run out (in training or in the validation after).
-        eval_loader: ``"val"`` or ``"test"``: the evaluation loop of ``eval_batches``.
-        eval_batches: batches started per dataloader in the running (or, in training, the last) evaluation run.
-        eval_done: whether that evaluation run has run out of data (or ended).
-
-    """
-
-    stage: str | None
-    epoch: int
-    train_batches: int = 0
-    train_done: bool = False
-    eval_loader: str = "val"
-    eval_batches: tuple[int, ...] = ()
-    eval_done: bool = False
-
-    def describe(self) -> str:
-        """``validation of epoch 0 (val dataloader 0: 3 batch(es), ran out)``."""
-        names = {"train": "training", "validate": "validation", "sanity_check": "the sanity check", "test": "testing"}
-        text = f"{names.get(self.stage or '', self.stage or 'set-up')} of epoch {self.epoch}"
-        if self.stage == "train":
-            return text + f" ({self.train_batches} training batch(es) so far{', ran out' if self.train_done else ''})"
-        if self.stage in ("validate", "sanity_check", "test") and self.eval_batches:
-            index = len(self.eval_batches) - 1
-            done = ", ran out" if self.eval_done else ""
-            return text + f" ({self.eval_loader} dataloader {index}: {self.eval_batches[index]} batch(es){done})"
-        return text
 
 
 @dataclass(frozen=True)
@@ -151,8 +117,11 @@ class Recorder:
         self.backwards = 0
         self.signal: str | None = None
         self.recent: deque[Call] = deque(maxlen=8)
-        self._inside: tuple[str, int, str, FrameType, Call | None] | None = None
+        self._inside: tuple[str, int, str, FrameType, Call | None, float] | None = None
         self._backward: int | None = None
+        self._backward_since = 0.0
+        self.check_since = 0.0  # when the training thread entered the check it is in (``check``)
+        self._busy = 0  # checkpoint writes and loads under way
         self._groups: dict[int, tuple[Any, str]] = {}
         self._depth = 0
         self.checked = (
@@ -221,18 +190,48 @@ class Recorder:
             yield
             return
         self._backward = self.backwards + 1
+        self._backward_since = time.monotonic()
         try:
             yield
         finally:
             self._backward = None
         self.backwards += 1
 
+    @contextlib.contextmanager
+    def busy(self) -> Iterator[None]:
+        """Within the block, this rank writes or loads a checkpoint: work that is progress however long it takes."""
+        self._busy += 1
+        try:
+            yield
+        finally:
+            self._busy -= 1
+
+    def is_busy(self) -> bool:
+        """Whether a checkpoint write or load is under way (read by the stall monitor)."""
+        return self._busy > 0
+
+    def waiting(self) -> tuple[str, float] | None:
+        """What the training thread waits in now, and since when (``time.monotonic()``), or ``None``.
+
+        ``("collective", t)``: inside a counted collective call; ``("check", t)``: inside a lightning-ext check;
+        ``("backward", t)``: inside a backward pass whose gradients DDP all-reduces (a wait only while another rank
+        has not started it, which only the other ranks' facts can tell).
+        """
+        inside = self._inside
+        if inside is not None:
+            return ("collective", inside[5])
+        if self.check is not None:
+            return ("check", self.check_since)
+        if self._backward is not None:
+            return ("backward", self._backward_since)
+        return None
+
     def snapshot(self) -> Facts:
         """This rank's facts now (called by the watchdog thread, or by the training thread on an error path)."""
         inside = self._inside
         call = None
         if inside is not None:
-            group, index, name, caller, call = inside
+            group, index, name, caller, call, _ = inside
             call = call or make_call(group, index, name, caller)
         frame = sys._current_frames().get(self.thread)
         return Facts(
@@ -325,7 +324,7 @@ def _counted(function: Callable[..., Any], name: str) -> Callable[..., Any]:
             call = make_call(key, index, name, caller)
             recorder.recent.append(call)
         recorder._depth += 1
-        recorder._inside = (key, index, name, caller, call)
+        recorder._inside = (key, index, name, caller, call, time.monotonic())
         try:
             return function(*args, **kwargs)
         finally:
@@ -340,29 +339,3 @@ def make_call(group: str, index: int, name: str, caller: FrameType) -> Call:
     """The :class:`Call` for ``torch.distributed.<name>``, called from ``caller``."""
     via, site = called_as(caller)
     return Call(group, index, f"torch.distributed.{name}" + (f" (via {via})" if via else ""), site)
-
-
-def progress_of(trainer: Any) -> Progress | None:
-    """Where ``trainer`` is in its loops (``None`` if it cannot be read: a diagnostic never fails)."""
-    if trainer is None:
-        return None
-    try:
-        stage = trainer.state.stage
-        stage_name = None if stage is None else str(stage.value)
-        epoch_loop = trainer.fit_loop.epoch_loop
-        fetcher = trainer.fit_loop._data_fetcher
-        evaluating = stage_name in ("validate", "sanity_check", "test")
-        loop = trainer._evaluation_loop if evaluating else epoch_loop.val_loop
-        seen = dict(loop._seen_batches_per_dataloader)
-        eval_fetcher = loop._data_fetcher
-        return Progress(
-            stage=stage_name,
-            epoch=int(trainer.current_epoch),
-            train_batches=int(epoch_loop.batch_progress.total.ready),
-            train_done=bool(fetcher is not None and fetcher.done),  # also while it validates at the epoch's end
-            eval_loader="test" if stage_name == "test" else "val",
-            eval_batches=tuple(seen.get(index, 0) for index in range(max(seen) + 1)) if seen else (),
-            eval_done=not evaluating or bool(eval_fetcher is not None and eval_fetcher.done),
-        )
-    except Exception:
-        return None

@@ -1,4 +1,4 @@
-"""``HangGuard``: the hang checks of one rank during one run, started at set-up and stopped at teardown."""
+"""``HangGuard``: the hang checks and the stall report of one rank during one run, from set-up to teardown."""
 
 import contextlib
 import sys
@@ -10,7 +10,7 @@ from torch import Tensor
 from torch.nn.parallel import DistributedDataParallel
 
 from lightning_ext import _collective, errors
-from lightning_ext._hang import loaders, logs
+from lightning_ext._hang import loaders, logs, stall
 from lightning_ext._hang.facts import Recorder, SignalConsumer
 from lightning_ext._hang.lockstep import Lockstep, Point, raise_record, record_of
 from lightning_ext._hang.messages import signalled_message
@@ -44,6 +44,7 @@ class HangGuard:
         uneven_batches: ``"error"`` or ``"truncate"``.
         check_unsized_loaders: compare loaders without a length after every batch.
         flush: writes this rank's buffered per-rank rows (called before any error is raised).
+        stall_options: the stall report's options.
         preemption_policy: decides a coordinated stop when ranks receive SIGTERM (``None``: off).
 
     """
@@ -54,6 +55,7 @@ class HangGuard:
         uneven_batches: UnevenMode,
         check_unsized_loaders: bool,
         flush: Callable[[], None],
+        stall_options: stall.StallOptions,
         preemption_policy: VotePolicy | None = None,
     ) -> None:
         self.mode = mode
@@ -61,22 +63,37 @@ class HangGuard:
         self.preemption: StopController | None = None
         self.uneven_batches: UnevenMode = uneven_batches
         self.check_unsized_loaders = check_unsized_loaders
+        self.stall_options = stall_options
         self._flush = flush
+        self.recorder: Recorder | None = None
+        self.watchdog: Watchdog | None = None
         self.lockstep: Lockstep | None = None
+        self.monitor: stall.StallMonitor | None = None
 
-    def start(self, rank: int, world_size: int, namespace: str, trainer: Any) -> None:
-        """Create the check group and the watchdog (every rank, at set-up, after the process group exists)."""
-        if not self.mode or world_size < 2 or not _collective.is_initialized():
+    def start(
+        self, rank: int, world_size: int, namespace: str, trainer: Any, peers: list[tuple[int, str, str | None]]
+    ) -> None:
+        """Start the checks and the stall monitor, where on (every rank, at set-up, after the process group exists).
+
+        ``peers``: every rank's :func:`stall.introduction`, exchanged at set-up.
+        """
+        wanted = self.mode or self.stall_options.stall_timeout is not None
+        if not wanted or world_size < 2 or not _collective.is_initialized():
             return
-        recorder = Recorder(rank, world_size, trainer)
-        channel = _collective.CheckChannel(namespace, rank, world_size)
+        recorder = self.recorder = Recorder(rank, world_size, trainer)
         recorder.install()
-        self.lockstep = Lockstep(channel, Watchdog(namespace, recorder), self._safe_flush)
+        watchdog = self.watchdog = Watchdog(namespace, recorder)
         recorder.on_signal = self._on_signal
         if self.preemption_policy is not None:
-            self.preemption = StopController(self.preemption_policy, self.lockstep.watchdog, self._safe_flush)
-        logs.start(self.lockstep, trainer)
-        loaders.start(loaders.LoaderChecks(self.lockstep, self.uneven_batches, self.check_unsized_loaders))
+            self.preemption = StopController(self.preemption_policy, watchdog, self._safe_flush)
+        if self.mode:
+            channel = _collective.CheckChannel(namespace, rank, world_size)
+            self.lockstep = Lockstep(channel, watchdog, self._safe_flush)
+            logs.start(self.lockstep, trainer)
+            loaders.start(loaders.LoaderChecks(self.lockstep, self.uneven_batches, self.check_unsized_loaders))
+        self.monitor = stall.start(self.stall_options, recorder, watchdog, namespace, peers, self._safe_flush)
+        if self.monitor is not None:
+            watchdog.on_error = self._on_posted
 
     def finish(self, trainer: Any) -> None:
         """A last check when a fit/validate/test ends normally: every rank must end it, not wait at another check."""
@@ -86,24 +103,29 @@ class HangGuard:
         self.lockstep.require(Point("end", ("end", stage), f"the end of {stage} (this rank finished)"))
 
     def stop(self) -> None:
-        """Stop the checks and the watchdog (teardown)."""
-        lockstep, self.lockstep = self.lockstep, None
+        """Stop the coordinated stop, the checks, the stall monitor and the watchdog (teardown)."""
+        recorder, watchdog, lockstep, monitor = self.recorder, self.watchdog, self.lockstep, self.monitor
+        self.recorder = self.watchdog = self.lockstep = self.monitor = None
         preemption, self.preemption = self.preemption, None
         if preemption is not None:
             preemption.detach()
-        if lockstep is None:
+        if recorder is None or watchdog is None:
             return
-        logs.stop()
-        loaders.stop()
-        lockstep.recorder.uninstall()
+        if monitor is not None:
+            monitor.stop()
+        if lockstep is not None:
+            logs.stop()
+            loaders.stop()
+        recorder.uninstall()
         with contextlib.suppress(Exception):
-            lockstep.watchdog.stop()
-        lockstep.close()
+            watchdog.stop()
+        if lockstep is not None:
+            lockstep.close()
 
     def watch_signals(self) -> None:
         """Note the signals this rank receives from now on (once Lightning has installed its handlers)."""
-        if self.lockstep is not None:
-            self.lockstep.recorder.watch_signals()
+        if self.recorder is not None:
+            self.recorder.watch_signals()
         if self.preemption is not None:
             self.preemption.attach()  # in a fit, the stop rides on Lightning's per-step broadcast
 
@@ -115,9 +137,9 @@ class HangGuard:
         off within ``no_sync``, when gradients accumulate); under other strategies the pass is not reported.
         """
         plugin = strategy.precision_plugin
-        if self.lockstep is None or "backward" in plugin.__dict__:
+        if self.recorder is None or "backward" in plugin.__dict__:
             return
-        backward, recorder = plugin.backward, self.lockstep.recorder
+        backward, recorder = plugin.backward, self.recorder
 
         def watched_backward(*args: Any, **kwargs: Any) -> Any:
             model = strategy.model
@@ -160,6 +182,10 @@ class HangGuard:
         ranks blocked in collectives with this one learn why; the caller then re-raises it here.
         """
         self._safe_flush()
+        if self.monitor is not None:
+            stalled = self.monitor.on_failure(error)
+            if stalled is not None:  # a stall was (or is now) established: what this rank raised is its consequence
+                raise_record(stalled, cause=error)
         lockstep = self.lockstep
         if lockstep is None or is_joint(error):
             return
@@ -183,6 +209,13 @@ class HangGuard:
             return consumer
         error = errors.RankSignalledError(signalled_message(lockstep.rank, text))
         lockstep.fail_alone(error)
+
+    def _on_posted(self) -> None:
+        """An error was posted (the watchdog thread): join the pending checks; a stall also ends this rank."""
+        if self.lockstep is not None:
+            self.lockstep.complete_pending()
+        if self.monitor is not None:
+            self.monitor.on_error()
 
     def _safe_flush(self) -> None:
         with contextlib.suppress(Exception):  # a diagnostic must never stand in the way of the real error

@@ -4,6 +4,7 @@ import dataclasses
 import functools
 import hashlib
 import threading
+import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -114,6 +115,7 @@ class Lockstep:
         with self._lock:
             self.count += 1
             exchange = self.channel.start(fingerprint)
+        recorder.check_since = time.monotonic()
         recorder.check = (self.count, point.where)
         try:
             if not exchange.wait(_FIRST_WAIT):

@@ -6,7 +6,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from lightning_ext import errors
-from lightning_ext._hang.facts import Call, Facts, Progress
+from lightning_ext._hang.facts import Call, Facts
+from lightning_ext._hang.progress import Progress
 
 if TYPE_CHECKING:
     from lightning_ext._hang.lockstep import Point

@@ -10,11 +10,12 @@ import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 from lightning_ext import _collective
 from lightning_ext._hang.facts import Facts, Recorder
 
-__all__ = ["ErrorRecord", "Watchdog"]
+__all__ = ["ErrorRecord", "Watchdog", "mail"]
 
 _ANSWER_TIMEOUT = timedelta(seconds=5)
 _STOP_WAIT = timedelta(seconds=10)
@@ -31,6 +32,7 @@ class ErrorRecord:
         message: the message, identical on every rank.
         rank: the rank that posted it.
         joint: whether every rank raised it together (no rank is blocked, so nothing needs unblocking).
+        ranks: the ranks it names as the cause (a stall's ranks behind: they may not be able to act, so they end first).
 
     """
 
@@ -38,6 +40,10 @@ class ErrorRecord:
     message: str
     rank: int
     joint: bool = False
+    ranks: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "ranks", tuple(self.ranks))  # JSON brings a list back
 
 
 class Watchdog:
@@ -57,7 +63,7 @@ class Watchdog:
         self._thread_store = _collective.store_client(namespace)  # the watchdog thread's, so it never blocks ours
         self._posted: ErrorRecord | None = None
         self.on_error: Callable[[], None] = _nothing  # set by the owner: what to do when an error is posted
-        # set by owners: what the thread does with mail of another type (given the message)
+        # set by owners: the other mail this thread serves, by type (a stop request, a stall inquiry)
         self.handlers: dict[str, Callable[[dict[str, str]], None]] = {}
         self._thread = threading.Thread(target=self._serve, name=f"lightning-ext-watchdog-{self.rank}", daemon=True)
         self._thread.start()
@@ -138,8 +144,7 @@ class Watchdog:
         self._mail(rank, {"type": kind, **fields})
 
     def _mail(self, rank: int, message: dict[str, str]) -> None:
-        number = self._store.add(f"mailbox/{rank}", 1)
-        self._store.set(f"mail/{rank}/{number}", json.dumps(message))
+        mail(self._store, rank, message)
 
     def _serve(self) -> None:
         store, number = self._thread_store, 1
@@ -155,6 +160,9 @@ class Watchdog:
                 return
             if message["type"] == "query":
                 store.set(f"answer/{message['id']}/{self.rank}", pickle.dumps(self.recorder.snapshot()))
+            elif message["type"] in self.handlers:
+                with contextlib.suppress(Exception):  # a diagnostic's failure must not end the watchdog
+                    self.handlers[message["type"]](message)
             elif message["type"] in ("error", "complete"):
                 if self._posted is None:
                     self._posted = ErrorRecord(**json.loads(store.get("error")))
@@ -162,8 +170,12 @@ class Watchdog:
                     if facts.inside is not None or facts.backward is not None:  # it waits for a rank that failed
                         _collective.abort_process_groups()
                 self.on_error()
-            elif message["type"] in self.handlers:
-                self.handlers[message["type"]](message)
+
+
+def mail(store: Any, rank: int, message: dict[str, str]) -> None:
+    """Put ``message`` in the mailbox of ``rank``'s watchdog, through ``store`` (a client under the run's namespace)."""
+    number = store.add(f"mailbox/{rank}", 1)
+    store.set(f"mail/{rank}/{number}", json.dumps(message))
 
 
 def _nothing() -> None:

@@ -8,6 +8,7 @@ from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_warn
 
 from lightning_ext._collective import RankGroup, all_gather_objects
+from lightning_ext._hang.stall import introduction
 from lightning_ext._setup import checks as setup_checks
 from lightning_ext.errors import PolicyMismatchError, mark_joint
 from lightning_ext.policies import DecisionPolicy
@@ -22,6 +23,7 @@ class Agreement:
     namespace: str  # the run's namespace in the store
     log_dir: str | None  # where the per-rank files go, if they are on
     record_dir: str | None  # where the decision record goes, if it is on and there is a logger
+    peers: list[Any]  # every rank's introduction to the stall monitor (pid, host; rank 0's: the report's directory)
 
 
 def agree(
@@ -44,6 +46,7 @@ def agree(
         "record_dir": logger_dir if record else None,
         "namespace": f"lightning_ext/{uuid.uuid4().hex}/" if first else None,
         "init_module": setup_checks.init_module_state(trainer),
+        "stall": introduction((logger_dir or str(trainer.default_root_dir)) if first and trainer is not None else None),
     }
     everyone = all_gather_objects(mine, ranks)
     try:
@@ -56,7 +59,8 @@ def agree(
     if trainer is not None and everyone[0]["versions"] is not None:
         for logger, version in zip(_versioned_loggers(trainer), everyone[0]["versions"], strict=True):
             logger._version = version
-    return Agreement(everyone[0]["namespace"], everyone[0]["log_dir"], everyone[0]["record_dir"])
+    peers = [theirs["stall"] for theirs in everyone]
+    return Agreement(everyone[0]["namespace"], everyone[0]["log_dir"], everyone[0]["record_dir"], peers)
 
 
 def invalid_policies(
@@ -82,7 +86,7 @@ def _validate(everyone: list[dict[str, Any]]) -> None:
         listing = "; ".join(
             f"rank {rank}: checkpoint_policy={theirs['options'][0]}, early_stopping_policy={theirs['options'][1]},"
             f" per_rank_metrics={theirs['options'][2]}, hang checks={theirs['options'][3]},"
-            f" decision_record={theirs['options'][4]}, preemption_policy={theirs['options'][5]}"
+            f" decision_record={theirs['options'][4]}, preemption_policy={theirs['options'][5]}, {theirs['options'][6]}"
             for rank, theirs in enumerate(everyone)
         )
         raise PolicyMismatchError(f"The strategy is configured differently on different ranks: {listing}")

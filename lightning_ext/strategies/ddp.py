@@ -14,6 +14,7 @@ from torch.distributed.constants import default_pg_timeout
 from typing_extensions import override
 
 from lightning_ext._hang.guard import HangChecks, UnevenMode
+from lightning_ext._hang.stall import OnStall
 from lightning_ext.policies import PolicyLike
 from lightning_ext.rank_metrics import PerRankMetrics
 from lightning_ext.strategies._registry import register_policy_names
@@ -31,7 +32,8 @@ class PolicyDDPStrategy(PolicyStrategyMixin, DDPStrategy):
     Takes every :class:`~lightning.pytorch.strategies.DDPStrategy` argument, plus the keyword-only options of
     :class:`~lightning_ext.PolicyStrategyMixin`: ``checkpoint_policy`` (default ``"all"``, as stock),
     ``early_stopping_policy`` (default ``"any"``, as stock), ``per_rank_metrics``, and the hang checks
-    (``hang_checks``, ``uneven_batches``, ``check_unsized_loaders``), ``decision_record`` and ``preemption_policy``.
+    (``hang_checks``, ``uneven_batches``, ``check_unsized_loaders``), ``decision_record``, ``preemption_policy``, and
+    the stall report (``stall_timeout``, ``on_stall``).
 
     A policy is a name from :func:`~lightning_ext.available_policies` or a :class:`~lightning_ext.DecisionPolicy`
     object such as ``Quorum(2)``. Whatever the policy, every rank ends each decision with the same decision, the same
@@ -70,6 +72,8 @@ class PolicyDDPStrategy(PolicyStrategyMixin, DDPStrategy):
         check_unsized_loaders: bool = False,
         decision_record: bool = True,
         preemption_policy: PolicyLike | None = "any",
+        stall_timeout: float | str | None = "auto",
+        on_stall: OnStall = "error",
         **kwargs: Any,
     ) -> None:
         super().__init__(
@@ -93,6 +97,8 @@ class PolicyDDPStrategy(PolicyStrategyMixin, DDPStrategy):
             check_unsized_loaders=check_unsized_loaders,
             decision_record=decision_record,
             preemption_policy=preemption_policy,
+            stall_timeout=stall_timeout,
+            on_stall=on_stall,
             **kwargs,
         )
 

@@ -16,6 +16,7 @@ from torch.distributed.constants import default_pg_timeout
 from typing_extensions import override
 
 from lightning_ext._hang.guard import HangChecks, UnevenMode
+from lightning_ext._hang.stall import OnStall
 from lightning_ext.policies import PolicyLike
 from lightning_ext.rank_metrics import PerRankMetrics
 from lightning_ext.strategies._registry import register_policy_names
@@ -103,6 +104,8 @@ class PolicyDeepSpeedStrategy(PolicyStrategyMixin, DeepSpeedStrategy):
         check_unsized_loaders: bool = False,
         decision_record: bool = True,
         preemption_policy: PolicyLike | None = "any",
+        stall_timeout: float | str | None = "auto",
+        on_stall: OnStall = "error",
     ) -> None:
         require_deepspeed()
         super().__init__(
@@ -160,6 +163,8 @@ class PolicyDeepSpeedStrategy(PolicyStrategyMixin, DeepSpeedStrategy):
             check_unsized_loaders=check_unsized_loaders,
             decision_record=decision_record,
             preemption_policy=preemption_policy,
+            stall_timeout=stall_timeout,
+            on_stall=on_stall,
         )
 
     @classmethod

@@ -15,6 +15,7 @@ from torch.nn import Module
 from typing_extensions import override
 
 from lightning_ext._hang.guard import HangChecks, UnevenMode
+from lightning_ext._hang.stall import OnStall
 from lightning_ext.policies import PolicyLike
 from lightning_ext.rank_metrics import PerRankMetrics
 from lightning_ext.strategies._registry import register_policy_names
@@ -72,6 +73,8 @@ class PolicyFSDPStrategy(PolicyStrategyMixin, FSDPStrategy):
         check_unsized_loaders: bool = False,
         decision_record: bool = True,
         preemption_policy: PolicyLike | None = "any",
+        stall_timeout: float | str | None = "auto",
+        on_stall: OnStall = "error",
         **kwargs: Any,
     ) -> None:
         super().__init__(
@@ -98,6 +101,8 @@ class PolicyFSDPStrategy(PolicyStrategyMixin, FSDPStrategy):
             check_unsized_loaders=check_unsized_loaders,
             decision_record=decision_record,
             preemption_policy=preemption_policy,
+            stall_timeout=stall_timeout,
+            on_stall=on_stall,
             **kwargs,
         )
 

@@ -12,6 +12,7 @@ from lightning_ext import _collective
 from lightning_ext._collective import RankGroup
 from lightning_ext._decisions import checkpoint, early_stopping
 from lightning_ext._hang.guard import HangChecks, HangGuard, UnevenMode, validate_options
+from lightning_ext._hang.stall import OnStall, StallOptions
 from lightning_ext._hang.stop import resolve_preemption_policy
 from lightning_ext._packages.choice import Package, check_one_package, package_of, strategy_for_other_package
 from lightning_ext._per_rank import local_values
@@ -66,6 +67,10 @@ class PolicyStrategyMixin(_Strategy):
         preemption_policy: when SIGTERM (or Lightning's SLURM requeue signal) on some ranks stops every rank at the
             same step, with a checkpoint (docs/stalls-and-preemption.md). Default ``"any"``: one signalled rank is
             enough; ``"all"``, ``"majority"``, ``"rank_zero"``, a ``VotePolicy``; ``None``: ``RankSignalledError``.
+        stall_timeout: seconds a rank may wait for the others while no rank makes progress before every rank writes
+            the stall report (``<log_dir>/stall_report.txt``) and the run ends with ``StallError``; ``"auto"``
+            (default) reports shortly before the process group's timeout and ends the run only at it; ``None``: off.
+        on_stall: ``"error"`` (default) or ``"report"`` (write the report, keep waiting).
 
     Raises:
         TypeError: at construction, the class is not a ``ParallelStrategy``, or it overrides
@@ -97,6 +102,8 @@ class PolicyStrategyMixin(_Strategy):
         check_unsized_loaders: bool = False,
         decision_record: bool = True,
         preemption_policy: PolicyLike | None = "any",
+        stall_timeout: float | str | None = "auto",
+        on_stall: OnStall = "error",
         **kwargs: Any,
     ) -> None:
         check_base(type(self), PolicyStrategyMixin)
@@ -104,6 +111,7 @@ class PolicyStrategyMixin(_Strategy):
             raise TypeError(f"decision_record must be True or False, got {decision_record!r}")
         validate_options(hang_checks, uneven_batches, check_unsized_loaders)
         preemption = resolve_preemption_policy(preemption_policy)
+        stall_options = StallOptions(stall_timeout, on_stall)  # raises on a bad option
         _runtime.install()
         if not _runtime.seams_available():
             raise RuntimeError(
@@ -122,7 +130,12 @@ class PolicyStrategyMixin(_Strategy):
         self._telemetry: Telemetry | None = None
         self._step_timer: StepTimer | None = None  # times the phases below while telemetry is on
         self._hang_guard = HangGuard(
-            hang_checks, uneven_batches, check_unsized_loaders, self._flush_rank_files, preemption
+            hang_checks,
+            uneven_batches,
+            check_unsized_loaders,
+            self._flush_rank_files,
+            stall_options,
+            preemption,
         )
         self._decision_record = decision_record
         self.decision_file: DecisionFile | None = None  # rank 0's record, during a run
@@ -157,6 +170,11 @@ class PolicyStrategyMixin(_Strategy):
         """What happens when the ranks' dataloaders have different numbers of batches: ``"error"`` or ``"truncate"``."""
         return self._hang_guard.uneven_batches
 
+    @property
+    def stall_options(self) -> StallOptions:
+        """The stall report's options: ``stall_timeout`` and ``on_stall``."""
+        return self._hang_guard.stall_options
+
     @override
     def __setstate__(self, state: dict[str, Any]) -> None:
         # a spawned rank unpickles the strategy before Trainer._run: the seams must be in place before that call
@@ -168,8 +186,8 @@ class PolicyStrategyMixin(_Strategy):
         _runtime.install()  # a spawned or re-launched process imports us afresh
         self._check_one_package()  # before the process group: every rank raises alike, none waits
         super().setup_environment()
-        namespace = self._agree_at_set_up()
-        self._hang_guard.start(self._rank(), self.world_size, namespace, self._trainer())
+        namespace, peers = self._agree_at_set_up()
+        self._hang_guard.start(self._rank(), self.world_size, namespace, self._trainer(), peers)
         setup_checks.start(setup_checks.SetupChecks(RankGroup.from_strategy(self), self._trainer()))
 
     @override
@@ -323,8 +341,9 @@ class PolicyStrategyMixin(_Strategy):
         module = self.lightning_module
         return None if module is None else getattr(module, "_trainer", None)
 
-    def _agree_at_set_up(self) -> str:
-        """Set-up's one exchange (see :func:`~lightning_ext.strategies._set_up.agree`); returns the store namespace."""
+    def _agree_at_set_up(self) -> tuple[str, list[Any]]:
+        """Set-up's one exchange (see :func:`~lightning_ext.strategies._set_up.agree`); returns the store namespace
+        and every rank's introduction to the stall monitor."""
         guard = self._hang_guard
         options = (
             self._checkpoint_policy.describe(),
@@ -333,6 +352,7 @@ class PolicyStrategyMixin(_Strategy):
             repr((guard.mode, guard.uneven_batches, guard.check_unsized_loaders)),
             repr(self._decision_record),
             repr(guard.preemption_policy),
+            repr(guard.stall_options),
         )
         policies = (self._checkpoint_policy, self._early_stopping_policy, guard.preemption_policy)
         invalid = invalid_policies(*policies, world_size=self.world_size)
@@ -341,4 +361,4 @@ class PolicyStrategyMixin(_Strategy):
         self._run_log_dir = agreed.log_dir
         if ranks.rank == 0 and agreed.record_dir is not None:  # the run's id: its namespace's
             self.decision_file = DecisionFile(agreed.record_dir, agreed.namespace.split("/")[1][:12])
-        return agreed.namespace
+        return agreed.namespace, agreed.peers

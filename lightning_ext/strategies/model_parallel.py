@@ -7,6 +7,7 @@ from lightning.pytorch.strategies import ModelParallelStrategy
 from torch.distributed.constants import default_pg_timeout
 
 from lightning_ext._hang.guard import HangChecks, UnevenMode
+from lightning_ext._hang.stall import OnStall
 from lightning_ext.policies import PolicyLike
 from lightning_ext.rank_metrics import PerRankMetrics
 from lightning_ext.strategies.mixin import PolicyStrategyMixin
@@ -45,6 +46,8 @@ class PolicyModelParallelStrategy(PolicyStrategyMixin, ModelParallelStrategy):
         check_unsized_loaders: bool = False,
         decision_record: bool = True,
         preemption_policy: PolicyLike | None = "any",
+        stall_timeout: float | str | None = "auto",
+        on_stall: OnStall = "error",
     ) -> None:
         super().__init__(
             data_parallel_size=data_parallel_size,
@@ -60,4 +63,6 @@ class PolicyModelParallelStrategy(PolicyStrategyMixin, ModelParallelStrategy):
             check_unsized_loaders=check_unsized_loaders,
             decision_record=decision_record,
             preemption_policy=preemption_policy,
+            stall_timeout=stall_timeout,
+            on_stall=on_stall,
         )

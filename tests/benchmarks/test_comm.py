@@ -38,6 +38,8 @@ TRAINING_CONFIGS = (
     "stock_5_synced_twin",
     "hang_checks_5_synced",
     "telemetry",
+    "stall_off",
+    "stall_report",
 )
 TRAINING_SUBJECTS = {  # training_step_cpu/*: a diagnostic, CPU time of the main thread
     f"{prefix}/{config}" for prefix in ("training_step", "training_step_cpu") for config in TRAINING_CONFIGS
@@ -163,6 +165,8 @@ def test_smoke_collectives_are_counted(smoke: tuple[Path, subprocess.CompletedPr
     assert steps["training_step/per_rank_metrics"]["collectives_by_name"] == stock["collectives_by_name"]
     assert steps["training_step/stock_twin"]["collectives_by_name"] == stock["collectives_by_name"]
     assert steps["training_step/telemetry"]["collectives_by_name"] == stock["collectives_by_name"]  # none added
+    for config in ("stall_off", "stall_report"):  # the stall report reads counters: no collective added
+        assert steps[f"training_step/{config}"]["collectives_by_name"] == stock["collectives_by_name"], config
     # the default checks replace the barrier of each synced log's _sync_ddp with a check: the same number, no barrier
     for checked_config, baseline in (("hang_checks", "stock"), ("hang_checks_5_synced", "stock_5_synced")):
         base = steps[f"training_step/{baseline}"]["collectives_by_name"]
@@ -173,7 +177,7 @@ def test_smoke_collectives_are_counted(smoke: tuple[Path, subprocess.CompletedPr
     five, one = steps["training_step/stock_5_synced"]["collectives_by_name"], stock["collectives_by_name"]
     assert five["barrier"] - one["barrier"] == five["all_reduce"] - one["all_reduce"] == 4  # four more synced values
     extra = [t for t in document["targets"] if t["name"] == "extra collectives per logging step"]
-    assert len(extra) == 4 and all(t["value"] == 0 and t["met"] for t in extra)
+    assert len(extra) == 5 and all(t["value"] == 0 and t["met"] for t in extra)
     counted = [t for t in document["targets"] if t["name"] == "collectives per decision"]
     assert len(counted) == 2 * 2 * len(POLICIES) and all(t["met"] for t in counted)
 

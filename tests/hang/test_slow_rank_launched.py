@@ -99,6 +99,7 @@ def test_a_rank_slower_than_every_threshold_completes_as_stock(name: str, runs: 
     ours, stock = runs[name, "ours"], runs[name, "stock"]
     for rank in ("outcome_0", "outcome_1"):
         assert ours[rank]["error"] is None, ours[rank]["message"]
+        assert ours[rank]["stall_report"] is None, ours[rank]["stall_report"]
         for field in ("global_step", "weights", "metrics"):
             assert ours[rank][field] == stock[rank][field], (rank, field)
     assert any(outcome["looks"] for outcome in ours.values()), "no rank waited past the first threshold at a check"

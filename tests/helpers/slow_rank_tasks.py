@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+from pathlib import Path
 from typing import Any
 
 import lightning as L
@@ -211,6 +212,7 @@ def fit(
             max_epochs=2,
             accumulate_grad_batches=(plan or {}).get("accumulate", 1),
             logger=False,
+            default_root_dir=log_dir,  # where a stall report would go
             callbacks=[_SlowCallback(), ModelCheckpoint(dirpath=log_dir, save_top_k=-1, every_n_epochs=1)],
             enable_progress_bar=False,
             enable_model_summary=False,
@@ -234,4 +236,9 @@ def fit(
         "global_step": trainer.global_step,
         "weights": digest,
         "metrics": {key: float(value) for key, value in sorted(trainer.callback_metrics.items())},
+        "stall_report": _read(Path(log_dir, "stall_report.txt")),
     }
+
+
+def _read(path: Path) -> str | None:
+    return path.read_text() if path.exists() else None

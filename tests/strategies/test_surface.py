@@ -49,6 +49,8 @@ MIXIN_OPTIONS = {
     "check_unsized_loaders": False,
     "decision_record": True,
     "preemption_policy": "any",
+    "stall_timeout": "auto",
+    "on_stall": "error",
 }
 PAIRS = [
     (PolicyDDPStrategy, DDPStrategy),
