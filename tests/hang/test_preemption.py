@@ -177,6 +177,20 @@ def test_fsdp2_ranks_stop_together_and_resume_to_the_stock_model_parallel_run(ra
 
 @pytest.mark.slow
 @pytest.mark.timeout(200)
+def test_without_the_hang_checks_the_stall_reports_watchdog_carries_the_stop(rank_pools: Any, tmp_path: Path) -> None:
+    """``hang_checks=False`` with the default stall report: the stop request still reaches rank 0, and resumes."""
+    pool = rank_pools(2)
+    reference = pool.run(f"{TASKS}:reference", (str(tmp_path / "reference"), 1, "ddp"), timeout=120)
+    args = (str(tmp_path / "ours"), 1, "save_last")
+    stopped = pool.run(f"{TASKS}:ours", args, signals={1: (3, "training_step")}, hang_checks=False, timeout=120)
+    assert [outcome["code"] for outcome in stopped] == [143, 143]
+    assert stopped[0]["batches"] == stopped[1]["batches"] > 3
+    resumed = pool.run(f"{TASKS}:ours", args, resume=True, hang_checks=False, timeout=120)
+    assert [outcome["weights"] for outcome in resumed] == [outcome["weights"] for outcome in reference]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
 def test_a_signal_that_did_not_stop_the_run_is_not_named_as_a_later_errors_cause(
     rank_pools: Any, tmp_path: Path
 ) -> None:

@@ -196,12 +196,14 @@ def ours(
     fail: tuple[int, int] | None = None,
     kind: str = "ddp",
     pause: float = 0.0,
+    hang_checks: bool = True,
 ) -> dict[str, Any]:
     """A run with lightning-ext's strategy (per-rank rows on): signalled as ``signals`` says, or resumed from "last"."""
     strategy = _strategy(
         kind,
         stock=False,
         preemption_policy=policy,
+        hang_checks=hang_checks,
         per_rank_metrics=PerRankMetrics(flush_every_n_rows=1000),  # rows stay buffered unless the stop flushes them
     )
     trainer = trainer_for(root, strategy, accumulate, checkpoint, [])
