@@ -143,6 +143,9 @@ class StallMonitor:
         restore_child_observer()
         if self._thread is not threading.current_thread():
             self._thread.join(5.0)
+        if self._reported is not None and self.record is None:  # the run ended soon after a report it outlived
+            with contextlib.suppress(Exception):  # a diagnostic never stands in the way of teardown
+                self._follow_up(self.since_progress())
 
     def since_progress(self) -> float:
         """Seconds since this rank's progress counters last moved (0 while it writes or loads a checkpoint)."""
