@@ -292,8 +292,13 @@ class StallMonitor:
         for rank, key in keys.items():
             if self._store.check([key]):
                 reports[rank] = pickle.loads(self._store.get(key))
+                continue
+            pid, host = self.processes[rank]
+            # asked while it was ending (a SIGKILL closes its sockets before its process is gone): look again
+            state = liveness(pid, host, self.host, children)
+            if state.alive is False:
+                reports[rank] = RankReport(rank, "exited", state.detail, pid, host)
             else:
-                pid, host = self.processes[rank]
                 reports[rank] = RankReport(rank, "silent", f"no answer in {timeout:g} s", pid, host)
         return [reports[rank] for rank in sorted(reports)]
 
