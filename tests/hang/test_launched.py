@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers.jobs import REPO, Job, clean_env, free_port
+from tests.helpers.jobs import REPO, Job, clean_env, two_node_torchrun
 
 SCRIPT = REPO / "tests" / "helpers" / "scripts" / "hang_scenarios.py"
 LIMIT = 30.0  # seconds from the first rank reaching the divergence to the last rank's error
@@ -101,16 +101,7 @@ def run_scenario(scenario: str, kind: str, root: Path, launcher: str = "popen") 
     log_dir.mkdir(parents=True)
     args = [str(SCRIPT), scenario.split(":")[0], kind, str(log_dir)]
     if launcher == "torchrun":
-        port = str(free_port())
-        jobs = [
-            Job(
-                [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
-                 "--node-rank", str(node), "--master-addr", "127.0.0.1", "--master-port", port, *args],
-                clean_env(LAUNCHER="torchrun", NUM_NODES="2"),
-                log_dir / f"node{node}.log",
-            )
-            for node in range(2)
-        ]  # fmt: skip
+        jobs = two_node_torchrun(args, clean_env(LAUNCHER="torchrun", NUM_NODES="2"), log_dir)
     else:
         jobs = [Job([sys.executable, *args], clean_env(LAUNCHER=launcher), log_dir / "job.log")]
     deadline = time.monotonic() + RUN_TIMEOUT

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers.jobs import REPO, Job, clean_env, free_port
+from tests.helpers.jobs import REPO, Job, clean_env, two_node_torchrun
 
 SCRIPT = REPO / "tests" / "helpers" / "scripts" / "slow_rank_job.py"
 TIMEOUT = 150.0
@@ -50,16 +50,7 @@ def launch(out: Path, strategy: str, launcher: str, plan: dict[str, Any]) -> dic
     out.mkdir(parents=True)
     args = [str(SCRIPT), str(out), strategy, json.dumps(plan)]
     if launcher == "torchrun":
-        port = str(free_port())
-        jobs = [
-            Job(
-                [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
-                 "--node-rank", str(node), "--master-addr", "127.0.0.1", "--master-port", port, *args],
-                clean_env(NUM_NODES="2"),
-                out / f"node{node}.log",
-            )
-            for node in range(2)
-        ]  # fmt: skip
+        jobs = two_node_torchrun(args, clean_env(NUM_NODES="2"), out)
     else:
         jobs = [Job([sys.executable, *args], clean_env(), out / "job.log")]
     deadline = time.monotonic() + TIMEOUT

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers.jobs import REPO, Job, clean_env, free_port
+from tests.helpers.jobs import REPO, Job, clean_env, two_node_torchrun
 
 SCRIPT = REPO / "tests" / "helpers" / "scripts" / "stall_job.py"
 STALL_TIMEOUT = 5.0  # the script's
@@ -70,16 +70,7 @@ def run_job(kind: str, strategy: str, root: Path, launcher: str) -> tuple[list[J
     timeout = AUTO.get((kind, launcher)) if strategy == "ours" else None
     auto = {"STALL_TIMEOUT": "auto", "PG_TIMEOUT": str(timeout)} if timeout else {}
     if launcher == "torchrun":
-        port = str(free_port())
-        return [
-            Job(
-                [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
-                 "--node-rank", str(node), "--master-addr", "127.0.0.1", "--master-port", port, *args],
-                clean_env(LAUNCHER="torchrun", NUM_NODES="2"),
-                log_dir / f"node{node}.log",
-            )
-            for node in range(2)
-        ], log_dir  # fmt: skip
+        return two_node_torchrun(args, clean_env(LAUNCHER="torchrun", NUM_NODES="2"), log_dir), log_dir
     return [Job([sys.executable, *args], clean_env(LAUNCHER=launcher, **auto), log_dir / "job.log")], log_dir
 
 

@@ -127,3 +127,17 @@ class Job:
 
     def output(self, tail: int = 6000) -> str:
         return self.log.read_text(errors="replace")[-tail:]
+
+
+def two_node_torchrun(args: list[str], env: dict[str, str], log_dir: Path) -> list[Job]:
+    """``args`` under torchrun as 2 nodes x 1 process on loopback: one agent per node, logged to ``node<n>.log``."""
+    port = str(free_port())
+    return [
+        Job(
+            [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+             "--node-rank", str(node), "--master-addr", "127.0.0.1", "--master-port", port, *args],
+            env,
+            log_dir / f"node{node}.log",
+        )
+        for node in range(2)
+    ]  # fmt: skip
