@@ -7,14 +7,16 @@ must raise ``StallError`` within the threshold plus a few seconds, the report mu
 process may be left running. Under spawn the job keeps the default (``"auto"``) with a process group timeout of 15 s:
 it is reported shortly before that timeout and ended only at it, when the waiting collective times out. The same jobs
 under stock ``DDPStrategy`` are shown still hanging well past that, or (``SIGKILL`` on gloo) ending with an error that
-names no rank. Our jobs run two at a time in the background; the stock ones all start with the module and wait (they
-sleep or wait in gloo, so they cost little CPU while ours run).
+names no rank, or with no error at all when Lightning's child observer kills rank 0 first. Our jobs run two at a time
+in the background; the stock ones all start with the module and wait (they sleep or wait in gloo, so they cost little
+CPU while ours run).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 from collections.abc import Iterator
@@ -196,7 +198,11 @@ def test_stock_ddp_hangs_or_ends_naming_no_rank(stock_jobs: dict[str, Any]) -> N
         time.sleep(1)
     assert {kind: settled.get(kind) for kind in STOCK_HANGS} == dict.fromkeys(STOCK_HANGS, "hung"), settled
     assert settled.get("sigkill") == "ended", settled  # gloo notices a dead peer at once
-    _, log_dir = stock_jobs["sigkill"]
-    outcome = json.loads((log_dir / "outcome_0.json").read_text())
-    assert outcome["error"] and "rank 1" not in outcome["message"].lower(), outcome
+    jobs, log_dir = stock_jobs["sigkill"]
+    outcome_file = log_dir / "outcome_0.json"
+    if outcome_file.exists():  # gloo's error reached rank 0 first: it names no rank
+        outcome = json.loads(outcome_file.read_text())
+        assert outcome["error"] and "rank 1" not in outcome["message"].lower(), outcome
+    else:  # Lightning's child observer (a 5 s poll) SIGKILLed rank 0 before gloo's error reached it: no error at all
+        assert jobs[0].process.returncode == -signal.SIGKILL, (jobs[0].process.returncode, jobs[0].output())
     assert not (log_dir / "run" / "stall_report.txt").exists()
