@@ -2,6 +2,7 @@
 
 import contextlib
 import pickle
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ __all__ = [
     "is_initialized",
     "is_world",
     "lightning_barrier_skipped",
+    "release_store_clients",
     "store_client",
     "training_timeout",
     "wait_for",
@@ -106,21 +108,20 @@ class CheckChannel:
     a check can never pair with a collective of the training group.
 
     Args:
-        namespace: the run's store namespace, identical on every rank.
+        store: the training thread's store client under the run's namespace (the pairs meet through it).
         rank: this rank.
         world_size: the number of ranks.
 
     """
 
-    def __init__(self, namespace: str, rank: int, world_size: int) -> None:
+    def __init__(self, store: Any, rank: int, world_size: int) -> None:
         self.rank, self.world_size = rank, world_size
         self.rounds = exchange_partners(rank, world_size)
-        root = _root_store()
         self._groups: dict[int, Any] = {}
         for partner in dict.fromkeys(self.rounds):
             low, high = sorted((rank, partner))
-            store = PrefixStore(f"{namespace}pair/{low}-{high}/", root)
-            self._groups[partner] = dist.ProcessGroupGloo(store, int(rank == high), 2, training_timeout())
+            pair_store = PrefixStore(f"pair/{low}-{high}/", store)
+            self._groups[partner] = dist.ProcessGroupGloo(pair_store, int(rank == high), 2, training_timeout())
 
     def start(self, value: int) -> "CheckExchange":
         """Start passing ``value``; the returned exchange completes once every round has."""
@@ -278,20 +279,44 @@ def store_client(namespace: str) -> Any:
     """A store connection of this process's own, under ``namespace``, to the server of the default process group.
 
     Its own connection, because a TCPStore client serves one request at a time: a watchdog blocked in ``wait`` on
-    the default group's client would stall every store operation of the training thread.
+    the default group's client would stall every store operation of the training thread. A connection given back by
+    :func:`release_store_clients` is used again: opening one costs a reverse lookup of the server's address, which
+    a slow resolver can hold for its whole timeout (5 s by default), in every run of a process that runs several.
     """
     return PrefixStore(namespace, _root_store())
 
 
-def _root_store() -> Any:
-    """A new client of the default group's store server (the store itself, if it is not a TCPStore)."""
+def release_store_clients(clients: list[Any]) -> None:
+    """Give the connections of ``clients`` (from :func:`store_client`) back for reuse; no thread may use them again."""
+    root = _default_root()
+    with _IDLE_LOCK:
+        if _IDLE and _IDLE[0] is not root:  # another process group now: its server is another
+            _IDLE.clear()
+        if not _IDLE:
+            _IDLE.append(root)
+        _IDLE.extend(client.underlying_store for client in clients if isinstance(client.underlying_store, TCPStore))
+
+
+_IDLE: list[Any] = []  # [the default group's root store, its idle client connections...]
+_IDLE_LOCK = threading.Lock()
+
+
+def _default_root() -> Any:
     store = dist.distributed_c10d._get_default_store()
-    root = store
-    while isinstance(root, PrefixStore):
-        root = root.underlying_store
-    if isinstance(root, TCPStore):
-        root = TCPStore(root.host, root.port, is_master=False, wait_for_workers=False, timeout=_STORE_TIMEOUT)
-    return root
+    while isinstance(store, PrefixStore):
+        store = store.underlying_store
+    return store
+
+
+def _root_store() -> Any:
+    """A client of the default group's store server, idle or new (the store itself, if it is not a TCPStore)."""
+    root = _default_root()
+    if not isinstance(root, TCPStore):
+        return root
+    with _IDLE_LOCK:
+        if len(_IDLE) > 1 and _IDLE[0] is root:
+            return _IDLE.pop()
+    return TCPStore(root.host, root.port, is_master=False, wait_for_workers=False, timeout=_STORE_TIMEOUT)
 
 
 def training_timeout() -> timedelta:

@@ -87,7 +87,7 @@ class HangGuard:
         if self.preemption_policy is not None:
             self.preemption = StopController(self.preemption_policy, watchdog, self._safe_flush)
         if self.mode:
-            channel = _collective.CheckChannel(namespace, rank, world_size)
+            channel = _collective.CheckChannel(watchdog.store, rank, world_size)
             self.lockstep = Lockstep(channel, watchdog, self._safe_flush)
             logs.start(self.lockstep, trainer)
             loaders.start(loaders.LoaderChecks(self.lockstep, self.uneven_batches, self.check_unsized_loaders))
@@ -121,6 +121,13 @@ class HangGuard:
             watchdog.stop()
         if lockstep is not None:
             lockstep.close()
+        # once no thread of this run can use them, the store connections serve the next run in this process
+        clients = watchdog.idle_clients()
+        if monitor is not None:
+            monitor_clients = monitor.idle_clients()
+            clients = clients + monitor_clients if monitor_clients else []
+        if clients:
+            _collective.release_store_clients(clients)
 
     def watch_signals(self) -> None:
         """Note the signals this rank receives from now on (once Lightning has installed its handlers)."""

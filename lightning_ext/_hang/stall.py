@@ -122,7 +122,7 @@ class StallMonitor:
         self.period = min(30.0, max(0.25, thresholds.report_after / 10))
         self.record: ErrorRecord | None = None  # the stall error, once this rank knows it
         self._store = _collective.store_client(namespace)  # the monitor thread's own connection
-        self._answers = _collective.store_client(namespace)  # the watchdog thread's, for its answers
+        self._answers = watchdog.thread_store  # the watchdog thread's, for its answers
         self._marks: tuple[Any, ...] = ()
         self._changed = time.monotonic()
         self._reported: tuple[float, str] | None = None  # (when, report path) of a stall this rank reported
@@ -146,6 +146,10 @@ class StallMonitor:
         if self._reported is not None and self.record is None:  # the run ended soon after a report it outlived
             with contextlib.suppress(Exception):  # a diagnostic never stands in the way of teardown
                 self._follow_up(self.since_progress())
+
+    def idle_clients(self) -> list[Any]:
+        """Its own store client, once its thread has ended (for reuse by a later run: ``release_store_clients``)."""
+        return [] if self._thread.is_alive() else [self._store]
 
     def since_progress(self) -> float:
         """Seconds since this rank's progress counters last moved (0 while it writes or loads a checkpoint)."""

@@ -238,3 +238,12 @@ def test_collective_calls_are_counted_and_reported_while_a_rank_waits_in_one(ran
         assert outcome["counted"] == {"world": 2}
         assert outcome["after"] == {"world": 3} and outcome["total"] == 3
     assert outcomes[0]["seen"] == {"inside": "torch.distributed.all_reduce", "index": 3}
+
+
+@pytest.mark.slow
+def test_a_second_run_in_a_process_opens_no_new_store_connection(rank_pools: Any, tmp_path: Path) -> None:
+    """The checks' and the stall report's store connections serve the next run of the process (opening one costs a
+    reverse lookup of the server's address, which a slow resolver holds for seconds)."""
+    ports = rank_pools(2).run("tests.helpers.hang_tasks:store_connections_across_fits", (str(tmp_path), 2))
+    for after_first, after_second in ports:
+        assert after_second == after_first and len(after_first) >= 3, ports

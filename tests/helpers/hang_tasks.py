@@ -133,7 +133,7 @@ def lockstep_verdicts(namespace: str, identities: list[Any]) -> list[Any]:
     if lockstep is None:
         rank, world = dist.get_rank(), dist.get_world_size()
         watchdog = Watchdog(namespace, Recorder(rank, world, None))
-        lockstep = _LOCKSTEPS[namespace] = Lockstep(CheckChannel(namespace, rank, world), watchdog, lambda: None)
+        lockstep = _LOCKSTEPS[namespace] = Lockstep(CheckChannel(watchdog.store, rank, world), watchdog, lambda: None)
     results: list[Any] = []
     for identity in identities:
         point = Point("collective", tuple(identity), f"identity {identity}")
@@ -206,3 +206,23 @@ def ledger(namespace: str) -> dict[str, Any]:
     finally:
         recorder.uninstall()
         watchdog.stop()
+
+
+def store_connections_across_fits(log_dir: str, world_size: int) -> list[list[int]]:
+    """Two fits with the checks and the stall report on, one after the other in this process: after each, the local
+    ports of this process's TCP connections to the default group's store server (read from the OS with psutil)."""
+    import psutil
+    import torch.distributed as dist
+
+    store = dist.distributed_c10d._get_default_store()
+    while hasattr(store, "underlying_store"):
+        store = store.underlying_store
+    script = {"train_batches": [2] * world_size, "val_batches": [1] * world_size, "logs": []}
+    ports = []
+    for run in range(2):
+        outcome = fit(f"{log_dir}/{run}", script, {"stall_timeout": 60}, world_size)
+        if outcome["error"] is not None:
+            raise RuntimeError(outcome["message"])
+        connections = psutil.Process().net_connections(kind="tcp")
+        ports.append(sorted(c.laddr.port for c in connections if c.raddr and c.raddr.port == store.port))
+    return ports
