@@ -6,10 +6,11 @@ LIGHTNING := 2.6.6
 LIGHTNING_25 := 2.5.6
 VENV_25 := .venv-lightning-2.5
 
-# The core suite, what CI also runs against Lightning 2.5.6: every test and doctest but two that do not depend on the
-# Lightning release and run once, under `make test`: the comm benchmark's smoke runs (tests/benchmarks/test_comm.py)
-# and the wheel build. It includes the 2.5.6 patch series applied and run natively (tests/patches/test_native.py).
-CORE := --ignore=tests/benchmarks/test_comm.py \
+# The core suite, what CI also runs against Lightning 2.5.6: every test and doctest but those that run once, under
+# `make test`: the comm benchmark's smoke runs (tests/benchmarks/test_comm.py), the wheel build, and the launched
+# demonstrations that stock Lightning itself hangs on each pitfall (marker `stock`: the reference for our errors, not
+# lightning-ext's behaviour). It includes the 2.5.6 patch series applied and run natively (tests/patches/test_native.py).
+CORE := --ignore=tests/benchmarks/test_comm.py -m "not stock" \
 	--deselect tests/patches/test_tool.py::test_the_built_wheel_ships_the_series_and_the_installed_tool_checks_it
 
 setup:

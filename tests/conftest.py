@@ -29,6 +29,11 @@ settings.register_profile("quick", parent=settings.get_profile("ci"), max_exampl
 settings.register_profile("thorough", max_examples=1500, deadline=None, suppress_health_check=_HEALTH)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
+# Every new TCPStore client makes torch look its server's address up in reverse DNS (for a log line); a resolver that
+# drops the query holds the connection for its whole timeout, 5 s by default (about one connection in 12 on this
+# project's CI machine). The tests' processes (pools, launched jobs: they inherit this environment) give up after 1 s.
+os.environ.setdefault("RES_OPTIONS", "timeout:1 attempts:1")
+
 
 class _Pools:
     """One rank pool per world size, started on first use and kept for the whole session."""

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers.jobs import REPO, Job, clean_env, two_node_torchrun
+from tests.helpers.jobs import REPO, Job, StaggeredJobs, clean_env, two_node_torchrun
 
 SCRIPT = REPO / "tests" / "helpers" / "scripts" / "hang_scenarios.py"
 LIMIT = 30.0  # seconds from the first rank reaching the divergence to the last rank's error
@@ -232,39 +232,39 @@ STOCK_HANGS = (
 
 
 @pytest.fixture(scope="module")
-def stock_jobs(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[dict[str, tuple[Job, Path]]]:
-    """Every scenario with stock ``DDPStrategy``, started when this module starts (if the stock test is selected): a
-    hung job only waits, so they hang in the background while the other tests run, and the last test looks at them."""
+def stock_jobs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[StaggeredJobs]:
+    """Every scenario with stock ``DDPStrategy``, started one after another from when this module starts (if the stock
+    test is selected): a hung job only waits, so they hang in the background while the other tests run, and the last
+    test looks at them."""
     root = tmp_path_factory.mktemp("stock")
-    jobs = {}
     wanted = any(
         item.name == "test_stock_ddp_hangs_or_ends_without_naming_the_culprit" for item in request.session.items
     )
+    commands = {}
     for scenario in [*sorted(EXPECTED), FAILING_RANK] if wanted else []:
         log_dir = root / scenario
         log_dir.mkdir()
-        command = [sys.executable, str(SCRIPT), scenario, "stock", str(log_dir)]
-        jobs[scenario] = (Job(command, clean_env(), log_dir / "job.log"), log_dir)
+        commands[scenario] = ([sys.executable, str(SCRIPT), scenario, "stock", str(log_dir)], clean_env(), log_dir)
+    jobs = StaggeredJobs(commands, "diverged_*")
     yield jobs
-    for job, _ in jobs.values():
-        job.kill()
+    jobs.kill()
 
 
 @pytest.fixture(autouse=True, scope="module")
-def _start_stock_first(stock_jobs: dict[str, tuple[Job, Path]]) -> None:
+def _start_stock_first(stock_jobs: StaggeredJobs) -> None:
     """Start the stock jobs before the first test of this module."""
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(400)
-def test_stock_ddp_hangs_or_ends_without_naming_the_culprit(stock_jobs: dict[str, tuple[Job, Path]]) -> None:
+@pytest.mark.stock
+@pytest.mark.timeout(600)
+def test_stock_ddp_hangs_or_ends_without_naming_the_culprit(stock_jobs: StaggeredJobs) -> None:
     """Stock ``DDPStrategy`` on every scenario: these hang past the cut-off; none names its culprit."""
-    deadline = time.monotonic() + 300
+    deadline = time.monotonic() + 500
     settled: dict[str, str] = {}
-    while len(settled) < len(stock_jobs) and time.monotonic() < deadline:
-        for scenario, (job, log_dir) in stock_jobs.items():
+    while len(settled) < len(stock_jobs.log_dirs) and time.monotonic() < deadline:
+        for scenario, job in list(stock_jobs.started.items()):
+            log_dir = stock_jobs.log_dirs[scenario]
             if scenario in settled:
                 continue
             if not job.running():
@@ -272,10 +272,10 @@ def test_stock_ddp_hangs_or_ends_without_naming_the_culprit(stock_jobs: dict[str
             elif list(log_dir.glob("diverged_*")) and time.time() - diverged_at(log_dir) > STOCK_CUTOFF:
                 settled[scenario] = "hung"
         time.sleep(1)
-    report = {scenario: settled.get(scenario, "did not reach the divergence") for scenario in stock_jobs}
+    report = {scenario: settled.get(scenario, "did not reach the divergence") for scenario in stock_jobs.log_dirs}
     for scenario in STOCK_HANGS:
         assert report[scenario] == "hung", report
-    for scenario, (_, log_dir) in stock_jobs.items():
+    for scenario, log_dir in stock_jobs.log_dirs.items():
         outcomes = [json.loads(path.read_text()) for path in log_dir.glob("outcome_*.json")]
         assert not [o for o in outcomes if o["error"] in _OUR_ERRORS], f"stock {scenario}: {outcomes}"
         if scenario in EXPECTED and report[scenario] == "ended":  # it ended: with no error naming the culprit

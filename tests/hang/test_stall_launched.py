@@ -8,8 +8,8 @@ process may be left running. Under spawn the job keeps the default (``"auto"``) 
 it is reported shortly before that timeout and ended only at it, when the waiting collective times out. The same jobs
 under stock ``DDPStrategy`` are shown still hanging well past that, or (``SIGKILL`` on gloo) ending with an error that
 names no rank, or with no error at all when Lightning's child observer kills rank 0 first. Our jobs run two at a time
-in the background; the stock ones all start with the module and wait (they sleep or wait in gloo, so they cost little
-CPU while ours run).
+in the background; the stock ones start one after another with the module, and wait (they sleep or wait in gloo, so
+they cost little CPU while ours run).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers.jobs import REPO, Job, clean_env, two_node_torchrun
+from tests.helpers.jobs import REPO, Job, StaggeredJobs, clean_env, two_node_torchrun
 
 SCRIPT = REPO / "tests" / "helpers" / "scripts" / "stall_job.py"
 STALL_TIMEOUT = 5.0  # the script's
@@ -166,43 +166,49 @@ STOCK_HANGS = ("endless", "collective_alone", "stuck_worker")
 
 
 @pytest.fixture(scope="module")
-def stock_jobs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    """Every kind under stock ``DDPStrategy``, started with the module (if the stock test is selected)."""
+def stock_jobs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[StaggeredJobs]:
+    """Every kind under stock ``DDPStrategy``, started one after another from when the module starts (if the stock test
+    is selected)."""
     wanted = any(item.name == "test_stock_ddp_hangs_or_ends_naming_no_rank" for item in request.session.items)
     root = tmp_path_factory.mktemp("stock")
-    jobs = {kind: run_job(kind, "stock", root, "popen") for kind in (*STOCK_HANGS, "sigkill")} if wanted else {}
+    commands = {}
+    for kind in (*STOCK_HANGS, "sigkill") if wanted else ():
+        log_dir = root / f"{kind}-stock-popen"
+        log_dir.mkdir(parents=True)
+        commands[kind] = ([sys.executable, str(SCRIPT), kind, "stock", str(log_dir)], clean_env(), log_dir)
+    jobs = StaggeredJobs(commands, "stalled_*")
     yield jobs
-    for started, _ in jobs.values():
-        for job in started:
-            job.kill()
+    jobs.kill()
 
 
 @pytest.fixture(autouse=True, scope="module")
-def _start_stock_first(stock_jobs: dict[str, Any]) -> None:
+def _start_stock_first(stock_jobs: StaggeredJobs) -> None:
     """Start the stock jobs before the first test of this module."""
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(300)
-def test_stock_ddp_hangs_or_ends_naming_no_rank(stock_jobs: dict[str, Any]) -> None:
-    deadline = time.monotonic() + 240
+@pytest.mark.stock
+@pytest.mark.timeout(400)
+def test_stock_ddp_hangs_or_ends_naming_no_rank(stock_jobs: StaggeredJobs) -> None:
+    deadline = time.monotonic() + 340
     settled: dict[str, str] = {}
-    while len(settled) < len(stock_jobs) and time.monotonic() < deadline:
-        for kind, (jobs, log_dir) in stock_jobs.items():
+    while len(settled) < len(stock_jobs.log_dirs) and time.monotonic() < deadline:
+        for kind, job in list(stock_jobs.started.items()):
+            log_dir = stock_jobs.log_dirs[kind]
             if kind in settled:
                 continue
-            if not jobs[0].running():
+            if not job.running():
                 settled[kind] = "ended"
             elif list(log_dir.glob("stalled_*")) and time.time() - stalled_at(log_dir) > STOCK_CUTOFF:
                 settled[kind] = "hung"
         time.sleep(1)
     assert {kind: settled.get(kind) for kind in STOCK_HANGS} == dict.fromkeys(STOCK_HANGS, "hung"), settled
     assert settled.get("sigkill") == "ended", settled  # gloo notices a dead peer at once
-    jobs, log_dir = stock_jobs["sigkill"]
+    job, log_dir = stock_jobs.started["sigkill"], stock_jobs.log_dirs["sigkill"]
     outcome_file = log_dir / "outcome_0.json"
     if outcome_file.exists():  # gloo's error reached rank 0 first: it names no rank
         outcome = json.loads(outcome_file.read_text())
         assert outcome["error"] and "rank 1" not in outcome["message"].lower(), outcome
     else:  # Lightning's child observer (a 5 s poll) SIGKILLed rank 0 before gloo's error reached it: no error at all
-        assert jobs[0].process.returncode == -signal.SIGKILL, (jobs[0].process.returncode, jobs[0].output())
+        assert job.process.returncode == -signal.SIGKILL, (job.process.returncode, job.output())
     assert not (log_dir / "run" / "stall_report.txt").exists()

@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -141,3 +142,42 @@ def two_node_torchrun(args: list[str], env: dict[str, str], log_dir: Path) -> li
         )
         for node in range(2)
     ]  # fmt: skip
+
+
+class StaggeredJobs:
+    """Jobs started one after another by a background thread, each once the one before has written a file matching
+    ``mark`` into its log dir (it reached the point it waits at) or ended, or after ``wait`` seconds.
+
+    Stock jobs that hang cost no CPU once they hang, but a dozen Python processes importing torch and Lightning at
+    once starve every other job on the machine for minutes.
+
+    Args:
+        jobs: ``name: (command, env, log_dir)``; each job logs to ``log_dir / "job.log"``.
+        mark: a glob pattern in the log dir.
+        wait: seconds to wait for the mark before starting the next job anyway.
+
+    """
+
+    def __init__(self, jobs: dict[str, tuple[list[str], dict[str, str], Path]], mark: str, wait: float = 60.0) -> None:
+        self.log_dirs = {name: log_dir for name, (_, _, log_dir) in jobs.items()}
+        self.started: dict[str, Job] = {}
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._start_each, args=(jobs, mark, wait), daemon=True)
+        self._thread.start()
+
+    def _start_each(self, jobs: dict[str, tuple[list[str], dict[str, str], Path]], mark: str, wait: float) -> None:
+        for name, (command, env, log_dir) in jobs.items():
+            if self._stopped.is_set():
+                return
+            job = self.started[name] = Job(command, env, log_dir / "job.log")
+            deadline = time.monotonic() + wait
+            while job.running() and not list(log_dir.glob(mark)) and time.monotonic() < deadline:
+                if self._stopped.wait(0.2):
+                    return
+
+    def kill(self) -> None:
+        """Start no more; kill those started."""
+        self._stopped.set()
+        self._thread.join()
+        for job in self.started.values():
+            job.kill()
