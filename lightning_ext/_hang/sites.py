@@ -8,15 +8,25 @@ import sysconfig
 from pathlib import Path
 from types import FrameType
 
-__all__ = ["called_as", "is_library", "user_site"]
+__all__ = ["called_as", "user_site"]
 
 _STDLIB = Path(sysconfig.get_paths()["stdlib"]).as_posix()
 _ENTRY_POINTS = ("Trainer.fit", "Trainer.validate", "Trainer.test", "Trainer.predict")
 
 
-def is_library(path: str) -> bool:
-    """Installed packages, lightning-ext and the standard library: not where a user's culprit line is."""
-    return path.startswith(("<", _STDLIB, *_packages()))
+_USER, _LIBRARY, _LIGHTNING = range(3)
+
+
+@functools.cache
+def _kind(filename: str) -> int:
+    """What a code file is: the user's, a library's (installed packages, lightning-ext, the standard library), or
+    Lightning's; cached, as every counted collective call walks its caller's frames."""
+    path = filename.replace("\\", "/")
+    if not path.startswith(("<", _STDLIB, *_packages())):
+        return _USER
+    if "/lightning/" in path or "/pytorch_lightning/" in path or "/lightning_fabric/" in path:
+        return _LIGHTNING
+    return _LIBRARY
 
 
 @functools.lru_cache(maxsize=1)
@@ -32,8 +42,7 @@ def _packages() -> tuple[str, ...]:
 def user_site(frame: FrameType | None, default: str | None = "an unknown place") -> str | None:
     """``file:line in function`` of the innermost frame, from ``frame`` outwards, outside the libraries."""
     while frame is not None:
-        path = frame.f_code.co_filename.replace("\\", "/")
-        if not is_library(path):
+        if _kind(frame.f_code.co_filename) == _USER:
             return f"{frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}"
         frame = frame.f_back
     return default
@@ -47,10 +56,10 @@ def called_as(frame: FrameType | None) -> tuple[str | None, str]:
     """
     innermost = outermost = None
     while frame is not None:
-        path = frame.f_code.co_filename.replace("\\", "/")
-        if not is_library(path):
+        kind = _kind(frame.f_code.co_filename)
+        if kind == _USER:
             break
-        if "/lightning/" in path or "/pytorch_lightning/" in path or "/lightning_fabric/" in path:
+        if kind == _LIGHTNING:
             outermost = getattr(frame.f_code, "co_qualname", frame.f_code.co_name)  # co_qualname: Python 3.11+
             innermost = innermost or outermost
         frame = frame.f_back
