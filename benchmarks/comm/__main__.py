@@ -25,6 +25,7 @@ from benchmarks.comm.plan import FULL, SMOKE, Counts, SessionSpec, plan_sessions
 from benchmarks.comm.report import build_rows, check_targets, markdown, metadata, write_json
 from benchmarks.comm.row_cost import record_costs, row_costs
 from benchmarks.comm.session import SessionResult
+from benchmarks.comm.stall_cost import stall_costs
 from benchmarks.comm.sync_cost import sync_costs
 from benchmarks.comm.training import ROW_LOOPS_PER_STEP, SKIP_STEPS
 from benchmarks.helpers.machine import default_machine, load_average
@@ -143,9 +144,9 @@ def main(argv: list[str] | None = None) -> int:
     meta = metadata(machine=machine, counts=counts_used, notes=notes, load_before=load_before)
     args.out.mkdir(parents=True, exist_ok=True)
     paths = [args.out / f"{machine}.{suffix}" for suffix in ("json", "md", "png")]
-    costs, syncs, records = row_costs(results), sync_costs(results), record_costs(results)
-    write_json(paths[0], rows, targets, meta, costs, syncs, records)
-    report = markdown(rows, targets, meta, costs, syncs, records)
+    costs, syncs, records, stalls = row_costs(results), sync_costs(results), record_costs(results), stall_costs(results)
+    write_json(paths[0], rows, targets, meta, costs, syncs, records, stalls)
+    report = markdown(rows, targets, meta, costs, syncs, records, stalls)
     paths[1].write_text(report, encoding="utf-8")
     write_chart(paths[2], rows, title=f"lightning-ext communication overhead: {machine}")
     print(report.split("\n## Notes")[0])

@@ -29,6 +29,7 @@ from benchmarks.comm.decisions import decision_subjects
 from benchmarks.comm.plan import SessionSpec
 from benchmarks.comm.row_cost import RecordCost, RowCost, cost_lines, record_lines
 from benchmarks.comm.session import SessionResult
+from benchmarks.comm.stall_cost import StallCost, stall_lines
 from benchmarks.comm.sync_cost import SyncCost, sync_lines
 from benchmarks.comm.training import BASELINES
 from benchmarks.helpers.machine import load_average
@@ -233,9 +234,10 @@ def write_json(
     costs: list[RowCost],
     syncs: list[SyncCost],
     records: list[RecordCost],
+    stalls: list[StallCost],
 ) -> None:
     """``{"metadata": ..., "rows": [...], "targets": [...], "per_rank_cost": [...], "sync_point": [...],
-    "record_cost": [...]}``."""
+    "record_cost": [...], "stall_cost": [...]}``."""
     document = {
         "metadata": metadata,
         "rows": [asdict(r) for r in rows],
@@ -243,6 +245,7 @@ def write_json(
         "per_rank_cost": [asdict(c) for c in costs],
         "sync_point": [asdict(s) for s in syncs],
         "record_cost": [asdict(r) for r in records],
+        "stall_cost": [asdict(s) for s in stalls],
     }
     path.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
 
@@ -290,6 +293,7 @@ def markdown(
     costs: list[RowCost],
     syncs: list[SyncCost],
     records: list[RecordCost],
+    stalls: list[StallCost],
 ) -> str:
     """The table, its targets marked met or missed, the per-rank row's and the checks' own cost, what was measured."""
     lines = [
@@ -326,6 +330,8 @@ def markdown(
         lines += ["", "## Decision record row cost", "", *record_lines(records)]
     if syncs:
         lines += ["", "## Time per step lining the ranks up (barrier or check)", "", *sync_lines(syncs)]
+    if stalls:
+        lines += ["", "## The stall report's cost per step", "", *stall_lines(stalls)]
     lines += ["", "## Targets", ""]
     for name in dict.fromkeys(t.name for t in targets):
         mine = [t for t in targets if t.name == name]

@@ -45,6 +45,13 @@ its five phases timed (what the strategy's methods and the loop's hooks do), the
 writer (flushing every 100 rows), with the rank's memory when a second has passed since it was last read, as in
 training. A reading of the memory (process, DataLoader workers, host) is timed on its own as well.
 
+**The cost of the stall report's watching.** Likewise, within each timed ``stall_report`` fit, at its last batch,
+one step's worth of what the stall report adds to the training thread runs :data:`ROW_LOOPS_PER_STEP`
+``x train_steps`` times: three counted ``torch.distributed`` calls (the wrapper the stall report installs, with the
+fit's own recorder, from the training step's real call stack, around a function that communicates nothing: the
+collective itself is stock's) and one synced backward pass noted; the same loop with the bare function is
+subtracted. Its monitor thread wakes once per ``stall_timeout / 10`` (at most every 30 s) and is not in the loop.
+
 **Where the ranks line up.** In every timed fit, the time spent in ``torch.distributed.barrier`` (Lightning's, before
 each synced value, in the stock fits) and in lightning-ext's checks (``Lockstep.agree``, in the barrier's place) is
 summed per step window. Both include waiting for the slowest rank, so their difference per step, paired fit by fit,
@@ -80,6 +87,7 @@ from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 from benchmarks.comm.stock import stock_lightning
 from benchmarks.helpers.collectives import count_collectives
 from lightning_ext import PerRankMetrics, PolicyDDPStrategy
+from lightning_ext._hang import facts
 from lightning_ext._hang.lockstep import Lockstep
 from lightning_ext._per_rank.local_values import record_update
 from lightning_ext._per_rank.logger import loggers_for
@@ -147,6 +155,8 @@ class TrainingResult:
         sample_ns: each timed telemetry fit's time per telemetry sample (nanoseconds), in repeat order.
         sample_cpu_ns: the same in CPU time of the main thread.
         memory_cpu_ns: each timed telemetry fit's CPU time per reading of the rank's memory (at most one a second).
+        watch_ns: each timed ``stall_report`` fit's time per step's worth of the stall report's watching.
+        watch_cpu_ns: the same in CPU time of the main thread.
 
     """
 
@@ -161,21 +171,24 @@ class TrainingResult:
     sample_ns: list[float] = field(default_factory=list)
     sample_cpu_ns: list[float] = field(default_factory=list)
     memory_cpu_ns: list[float] = field(default_factory=list)
+    watch_ns: list[float] = field(default_factory=list)
+    watch_cpu_ns: list[float] = field(default_factory=list)
 
 
 class _SmallModel(L.LightningModule):
     """A two-layer regression; logs ``synced`` synced metrics and one un-synced metric every step.
 
-    With ``row_loops``, the batch ``loop_at`` runs the per-rank row path that many times (or, with ``telemetry``, the
-    telemetry path of one batch; see the module docstring) and keeps the time it took in :attr:`loop_ns` and
+    With ``row_loops``, the batch ``loop_at`` runs the per-rank row path that many times (or, with ``loop``
+    ``"telemetry"``, the telemetry path of one batch, with ``"watch"`` the stall report's watching of one step; see the
+    module docstring) and keeps the time it took in :attr:`loop_ns` and
     :attr:`loop_cpu_ns`.
     """
 
-    def __init__(self, row_loops: int = 0, loop_at: int = -1, synced: int = 1, telemetry: bool = False) -> None:
+    def __init__(self, row_loops: int = 0, loop_at: int = -1, synced: int = 1, loop: str = "rows") -> None:
         super().__init__()
         self.synced = synced
         self.net = torch.nn.Sequential(torch.nn.Linear(_FEATURES, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
-        self.row_loops, self.loop_at, self.telemetry = row_loops, loop_at, telemetry
+        self.row_loops, self.loop_at, self.loop = row_loops, loop_at, loop
         self.loop_ns = self.loop_cpu_ns = 0
         self.memory_cpu_ns = 0.0
 
@@ -189,8 +202,10 @@ class _SmallModel(L.LightningModule):
             self.log(f"train_loss_{index}", loss + index, on_step=True, on_epoch=False, sync_dist=True)
         self.log("train_mae", mae, on_step=True, on_epoch=False)
         if batch_idx == self.loop_at and self.row_loops:
-            if self.telemetry:
+            if self.loop == "telemetry":
                 self._sample_loop()
+            elif self.loop == "watch":
+                self._watch_loop()
             else:
                 self._row_loop(loss, mae)
         return loss
@@ -217,6 +232,24 @@ class _SmallModel(L.LightningModule):
             telemetry.read_memory()
         self.memory_cpu_ns = (thread_time_ns() - cpu) / readings
 
+    def _watch_loop(self) -> None:
+        """Run one step's worth of the stall report's watching ``row_loops`` times, less the same loop bare."""
+        recorder = facts._ACTIVE
+        if recorder is None:
+            raise RuntimeError("the watch loop needs a fit with the stall report")
+        counted = [facts._counted(_no_collective, name) for name in ("all_reduce", "barrier", "broadcast")]
+        bare = [_no_collective] * len(counted)
+        spent = []
+        for calls, noted in ((counted, recorder.backward_pass), (bare, _no_backward)):
+            cpu, wall = thread_time_ns(), perf_counter_ns()
+            for _ in range(self.row_loops):
+                for call in calls:
+                    call(None)
+                with noted(True):
+                    pass
+            spent.append((perf_counter_ns() - wall, thread_time_ns() - cpu))
+        self.loop_ns, self.loop_cpu_ns = spent[0][0] - spent[1][0], spent[0][1] - spent[1][1]
+
     def _row_loop(self, loss: torch.Tensor, mae: torch.Tensor) -> None:
         """Run the per-rank row path ``row_loops`` times on this fit's objects (see the module docstring)."""
         trainer = self.trainer
@@ -240,6 +273,15 @@ class _SmallModel(L.LightningModule):
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+def _no_collective(tensor: Any, group: Any = None) -> None:
+    """What the watch loop's counted calls wrap: nothing to communicate (the collective itself is stock's)."""
+
+
+def _no_backward(synced: bool) -> AbstractContextManager[None]:
+    """The watch loop's bare counterpart of ``Recorder.backward_pass``."""
+    return nullcontext()
 
 
 class _SyncTimer:
@@ -352,8 +394,9 @@ def _fit(
         default_root_dir=root,
     )
     # the row loop runs at the last batch, after the last timed window
-    loops = row_loops if config in ("per_rank_metrics", "telemetry") else 0
-    model = _SmallModel(loops, loop_at=batches - 1, synced=SYNCED.get(config, 1), telemetry=config == "telemetry")
+    loop = {"per_rank_metrics": "rows", "telemetry": "telemetry", "stall_report": "watch"}.get(config)
+    loops = row_loops if loop else 0
+    model = _SmallModel(loops, loop_at=batches - 1, synced=SYNCED.get(config, 1), loop=loop or "rows")
     context: AbstractContextManager[object] = stock_lightning() if stock else nullcontext()
     with context:
         trainer.fit(model, _loader(world_size, batches, seed, stream=config in _STREAMS))
@@ -427,5 +470,8 @@ def run_training(
                 result.sample_ns.append(model.loop_ns / row_loops)
                 result.sample_cpu_ns.append(model.loop_cpu_ns / row_loops)
                 result.memory_cpu_ns.append(model.memory_cpu_ns)
+            elif config == "stall_report":
+                result.watch_ns.append(model.loop_ns / row_loops)
+                result.watch_cpu_ns.append(model.loop_cpu_ns / row_loops)
             progress(batches)
     return result

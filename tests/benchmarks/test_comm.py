@@ -107,6 +107,17 @@ def test_smoke_reports_the_cost_of_one_decision_record_row(
 
 @pytest.mark.slow
 @pytest.mark.timeout(200)
+def test_smoke_reports_the_stall_reports_cost_per_step(smoke: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
+    document = _document(smoke[0])
+    (cost,) = document["stall_cost"]
+    assert cost["session"] == "gloo/cpu W=2" and cost["repeats"] == 1 and cost["loops"] == 60  # 10 x 6 steps
+    # measured, not assumed: the counted calls cost more than the bare ones, and far less than a whole step
+    assert 0 < cost["cpu_us"]["median"] < cost["step_us"]
+    assert "## The stall report's cost per step" in (smoke[0] / "smoke.md").read_text(encoding="utf-8")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
 def test_smoke_times_the_barrier_and_the_check_that_replaces_it(
     smoke: tuple[Path, subprocess.CompletedProcess[str]],
 ) -> None:
