@@ -122,6 +122,10 @@ class CheckChannel:
             low, high = sorted((rank, partner))
             pair_store = PrefixStore(f"pair/{low}-{high}/", store)
             self._groups[partner] = dist.ProcessGroupGloo(pair_store, int(rank == high), 2, training_timeout())
+        # one pair of buffers for every round of every check, written and read through numpy views: a torch op in
+        # the check's path wakes the intra-op threads, which then spin beside gloo's (about 80 µs per check on 2
+        # cores). Rounds run one after the other, so a round's buffers are free once its work completed.
+        self._buffers: _Buffers | None = _check_buffers()
 
     def start(self, value: int) -> "CheckExchange":
         """Start passing ``value``; the returned exchange completes once every round has."""
@@ -129,6 +133,7 @@ class CheckChannel:
 
     def fill(self) -> None:
         """Play this rank's part in a check it never started (its peers wait in it); nothing is read back."""
+        self._buffers = None  # a round started here may still be in flight later: fresh buffers from now on
         exchange = CheckExchange(self, 0)
         exchange.abandon()
 
@@ -136,13 +141,12 @@ class CheckChannel:
         """Drop the pair groups (their connections close)."""
         self._groups.clear()
 
-    def _swap(self, partner: int, low: int, high: int) -> tuple[torch.Tensor, Any]:
-        """Send ``(low, high)`` to ``partner``; returns the tensor that receives the partner's and the work."""
-        # fresh (an abandoned round may still read it), and on the CPU whatever the default device (init_module)
-        sent = torch.tensor((low, high, low, high), dtype=torch.int64, device="cpu")
-        received = torch.empty(4, dtype=torch.int64, device="cpu")
+    def _swap(self, partner: int, low: int, high: int) -> tuple[Any, Any]:
+        """Send ``(low, high)`` to ``partner``; returns what receives the partner's (a numpy view) and the work."""
+        sent, received, sent_view, received_view = self._buffers or _check_buffers()
+        sent_view[:] = (low, high, low, high)
         work = self._groups[partner].alltoall_base(received, sent, [], [], _ALL_TO_ALL)
-        return received, work
+        return received_view, work
 
 
 class CheckExchange:
@@ -170,8 +174,12 @@ class CheckExchange:
         deadline = time.monotonic() + seconds
         while self._pending is not None:
             partner, received, work = self._pending
-            if not wait_for(work, max(0.0, deadline - time.monotonic())):
-                return False
+            try:
+                if not wait_for(work, max(0.0, deadline - time.monotonic())):
+                    return False
+            except RuntimeError:
+                self.channel._buffers = None  # the failed round's buffers are not reused
+                raise
             index = 0 if partner < self.channel.rank else 2
             theirs_low, theirs_high = received.tolist()[index : index + 2]
             self.low, self.high = min(self.low, theirs_low), max(self.high, theirs_high)
@@ -182,6 +190,7 @@ class CheckExchange:
     def abandon(self) -> None:
         """Start every remaining round at once without reading anything back, so that no peer waits on this rank."""
         rounds = self.channel.rounds
+        self.channel._buffers = None  # the pending round may still read them: fresh buffers from now on
         while self._round < len(rounds):
             self._round += 1
             if self._round < len(rounds):
@@ -195,6 +204,16 @@ class CheckExchange:
             return
         partner = rounds[self._round]
         self._pending = (partner, *self.channel._swap(partner, self.low, self.high))
+
+
+_Buffers = tuple[torch.Tensor, torch.Tensor, Any, Any]
+
+
+def _check_buffers() -> _Buffers:
+    """What a round sends and receives, ``(low, high)`` twice (int64, on the CPU whatever the default device), and
+    their numpy views."""
+    sent, received = torch.empty(4, dtype=torch.int64, device="cpu"), torch.empty(4, dtype=torch.int64, device="cpu")
+    return sent, received, sent.numpy(), received.numpy()
 
 
 def exchange_partners(rank: int, world_size: int) -> list[int]:
