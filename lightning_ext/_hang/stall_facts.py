@@ -6,6 +6,7 @@ import contextlib
 import multiprocessing
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -19,6 +20,7 @@ from lightning_ext._hang.facts import Call, Facts, Recorder
 __all__ = ["Liveness", "RankReport", "checkpoint_work", "collect", "launched", "liveness", "progress_marks"]
 
 _LOGGED_KEYS = 6  # the last logged keys a report shows
+_REAP_WAIT = 2.0  # seconds for an ended child's exit status (the thread reaping it holds the lock a moment)
 
 
 @dataclass(frozen=True)
@@ -141,8 +143,18 @@ def liveness(pid: int, host: str, my_host: str, children: dict[int, Any]) -> Liv
     if host != my_host or pid <= 0:
         return Liveness(None)
     child = children.get(pid)
-    if child is not None and child.poll() is not None:
-        return Liveness(False, _ended(child.returncode))
+    if child is not None:
+        code = child.poll()  # None also while another thread (Lightning's child observer) is reaping it
+        if code is None and not _process(pid).alive:
+            with contextlib.suppress(subprocess.TimeoutExpired):  # it ended: its status, whichever thread reaps it
+                code = child.wait(timeout=_REAP_WAIT)
+        if code is not None:
+            return Liveness(False, _ended(code))
+    return _process(pid)
+
+
+def _process(pid: int) -> Liveness:
+    """Whether ``pid`` runs, from the process table alone."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
+import threading
+import time
 from datetime import timedelta
 from pathlib import Path
 
+import psutil
 import pytest
 
 from lightning_ext import PolicyDDPStrategy
@@ -12,7 +18,7 @@ from lightning_ext._hang.facts import Call, Facts
 from lightning_ext._hang.progress import Progress
 from lightning_ext._hang.stall import _append
 from lightning_ext._hang.stall_causes import is_stalled, report_text, summarize, thresholds, waits
-from lightning_ext._hang.stall_facts import RankReport
+from lightning_ext._hang.stall_facts import RankReport, liveness
 
 TRAINING = Progress(stage="train", epoch=0, train_batches=4)
 
@@ -167,3 +173,33 @@ def test_a_report_that_cannot_be_written_warns_and_steps_aside(tmp_path: Path) -
     not_a_directory.write_text("")
     with pytest.warns(RuntimeWarning, match="could not write the stall report to .*stall_report.txt"):
         _append(str(not_a_directory / "stall_report.txt"), "the report")
+
+
+def test_a_killed_child_is_named_by_its_signal_while_another_thread_is_reaping_it() -> None:
+    """Rank 0 launched the child (Lightning's default launcher), and Lightning's child observer thread polls it too:
+    while that thread holds the ``Popen``'s reaping lock, ``poll()`` says ``None`` for a child that is already gone
+    (CI once named it "its process exited"). A real child, SIGKILLed; the other thread holds the lock a moment."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        child.send_signal(signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while psutil.Process(child.pid).status() != psutil.STATUS_ZOMBIE:
+            assert time.monotonic() < deadline, "the child did not end"
+            time.sleep(0.01)
+        held, release = threading.Event(), threading.Event()
+
+        def observer() -> None:
+            with child._waitpid_lock:  # what a concurrent poll() holds while it reaps
+                held.set()
+                release.wait(10)
+
+        thread = threading.Thread(target=observer)
+        thread.start()
+        held.wait(10)
+        threading.Timer(0.3, release.set).start()
+        state = liveness(child.pid, "here", "here", {child.pid: child})
+        thread.join(10)
+        assert (state.alive, state.detail) == (False, "killed by SIGKILL")
+    finally:
+        child.kill()
+        child.wait(10)
