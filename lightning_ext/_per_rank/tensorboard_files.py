@@ -1,10 +1,8 @@
 """Each rank's TensorBoard event files: the per-rank rows as scalars in ``<log_dir>/rank_<r>/``, one run per rank.
 
-Written only when the trainer's first logger is a ``TensorBoardLogger`` (its log directory is the run's), with the
-writer that logger uses (``torch.utils.tensorboard`` when ``tensorboard`` is installed, else ``tensorboardX``), the
-same tags (the logger's ``prefix`` included) and the same steps as its rows on rank 0, and this rank's local values:
-the rows of its CSV file. Each row is one event holding all its scalars (stock writes one event per scalar). Like
-the CSV file, the event files are a diagnostic: a failure warns once and stops them on that rank only.
+Written when the trainer's first logger is a ``TensorBoardLogger``, with that logger's writer, tags and steps, and this
+rank's local values (its CSV file's rows), one event per row. A failure warns once and stops them on that rank only
+(``docs/per-rank-metrics.md``, "TensorBoard").
 """
 
 import contextlib
