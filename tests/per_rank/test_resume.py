@@ -20,7 +20,8 @@ from typing import Any
 import pytest
 
 from tests.helpers.metrics_reference import comparable, expected_cells, file_cells, forked
-from tests.helpers.tensorboard_reference import cells, event_files, read_scalars
+from tests.helpers.tensorboard_reference import cells as event_cells
+from tests.helpers.tensorboard_reference import event_files, read_scalars
 
 pytestmark = pytest.mark.slow
 
@@ -166,5 +167,5 @@ def test_mid_epoch_resume_keeps_each_step_once_in_the_event_files(rank_pools: An
         found = read_scalars(run_dir / f"rank_{rank}")  # every event file of the rank, the cut run's too
         assert len(event_files(run_dir / f"rank_{rank}")) == 2  # the cut run's (cut back) and the resumed run's
         assert [step for step, _ in found["loss_step"]] == list(range(EPOCHS * BATCHES)), f"rank {rank}"
-        got = cells(found, BATCHES, step_columns, epoch_columns)  # (raises on a tag written twice at one step)
+        got = event_cells(found, BATCHES, step_columns, epoch_columns)  # (raises on a tag written twice at one step)
         assert comparable(got, expected[rank]) == comparable(expected[rank], expected[rank]), f"rank {rank}"
