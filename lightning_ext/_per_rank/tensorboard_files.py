@@ -87,8 +87,13 @@ class RankEventFiles:
         self._telemetry = telemetry
         self._writer: Any = None
         self._file_writer: Any = None
-        self._summary_class: Any = None
+        self._classes: tuple[Any, Any, Any] = (None, None, None)  # the writer's, its Event's and its Summary's
         self.stopped = self.directory in _STOPPED_HERE
+        if not self.stopped:
+            try:
+                self._classes = _writer_classes()  # imported at set-up, not in the first training step
+            except Exception as error:
+                self._stop(error, "loading TensorBoard's writer")
 
     def log_row(self, row: Mapping[str, float], step: int, resumed_from: int | None) -> None:
         """Write one logged row (a per-rank CSV row) as one event at ``step``.
@@ -136,7 +141,7 @@ class RankEventFiles:
             if self._file_writer is None:
                 self._open(resumed_from)
             doing = "writing a row"
-            summary = self._summary_class
+            summary = self._classes[2]
             scalars = [summary.Value(tag=tag, simple_value=float(value)) for tag, value in values]
             if scalars:
                 self._file_writer.add_summary(summary(value=scalars), step)
@@ -144,12 +149,11 @@ class RankEventFiles:
             self._stop(error, doing)
 
     def _open(self, resumed_from: int | None) -> None:
-        writer, protos = _WRITERS[bool(_TENSORBOARD_AVAILABLE)]
+        writer_class, event_class, _ = self._classes
         if resumed_from is not None:
-            self._drop_events_after(resumed_from, importlib.import_module(f"{protos}.event_pb2").Event)
-        self._writer = importlib.import_module(writer).SummaryWriter(log_dir=self.directory, **self._writer_options)
+            self._drop_events_after(resumed_from, event_class)
+        self._writer = writer_class(log_dir=self.directory, **self._writer_options)
         self._file_writer = self._writer._get_file_writer()  # as Lightning's log_hyperparams reaches it
-        self._summary_class = importlib.import_module(f"{protos}.summary_pb2").Summary
 
     def _drop_events_after(self, step: int, event_class: Any) -> None:
         """Rewrite each event file already in the directory without its events after ``step`` (and a torn tail)."""
@@ -176,6 +180,16 @@ class RankEventFiles:
             RankMetricsWarning,
             stacklevel=4,
         )
+
+
+def _writer_classes() -> tuple[Any, Any, Any]:
+    """The ``SummaryWriter`` class that ``TensorBoardLogger`` uses, and its package's ``Event`` and ``Summary``."""
+    writer, protos = _WRITERS[bool(_TENSORBOARD_AVAILABLE)]
+    return (
+        importlib.import_module(writer).SummaryWriter,
+        importlib.import_module(f"{protos}.event_pb2").Event,
+        importlib.import_module(f"{protos}.summary_pb2").Summary,
+    )
 
 
 def events_up_to(data: bytes, step: int, event_class: Any) -> bytes | None:
