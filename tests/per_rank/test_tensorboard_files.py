@@ -30,6 +30,7 @@ from lightning_ext._per_rank.tensorboard_files import RankEventFiles, event_file
 from lightning_ext.rank_metrics import RankMetricsWarning
 from tests.helpers.logging_scenarios import BATCHES, EPOCHS, full_script
 from tests.helpers.metrics_reference import expected_cells, forked
+from tests.helpers.per_rank_tasks import BATCHES as TASK_BATCHES
 from tests.helpers.per_rank_tasks import EPOCHS as TASK_EPOCHS
 from tests.helpers.per_rank_tasks import WORLD, expected_rows
 from tests.helpers.per_rank_tasks import run as run_fits
@@ -124,7 +125,7 @@ def test_a_full_disk_stops_one_ranks_event_files_and_nothing_else(rank_pools: An
         written = csv.dropna(subset=[tag])
         as_float32 = [float(torch.tensor(value, dtype=torch.float32)) for value in written[tag]]
         assert healthy[tag] == list(zip(written["step"], as_float32, strict=True)), tag
-    assert len(healthy["telemetry/step_s"]) == TASK_EPOCHS * 3  # a row per step (log_every_n_steps=1)
+    assert len(healthy["telemetry/step_s"]) == TASK_EPOCHS * TASK_BATCHES  # a row per step (log_every_n_steps=1)
     # rank 1's event file keeps what was written before the disk filled: its first event, step 0's two rows
     broken = read_scalars(log_dir / "rank_1")
     assert broken["own"] == [(0, 10.5)] and [step for step, _ in broken["telemetry/step_s"]] == [0]
