@@ -15,6 +15,7 @@ from lightning_ext._per_rank.csv_format import TELEMETRY
 from lightning_ext._per_rank.local_values import OMITTED, local_values_for
 from lightning_ext._per_rank.markers import SUFFIX, encode_marker, read_rank_marker, remove_markers, write_marker
 from lightning_ext._per_rank.storage import join, write_whole
+from lightning_ext._per_rank.tensorboard_files import RankEventFiles
 from lightning_ext._per_rank.writer import PerRankMetrics, RankMetricsWriter
 from lightning_ext.errors import RankMetricsWarning
 
@@ -34,10 +35,13 @@ class RankCSVLogger(Logger):
         log_dir: the run's log directory (a path or an fsspec URL), identical on every rank.
         rank: this process's global rank.
         options: file name template and flush interval.
+        events: this rank's TensorBoard event files, which get every row too (when the first logger is TensorBoard's).
 
     """
 
-    def __init__(self, log_dir: str, rank: int, options: PerRankMetrics | None = None) -> None:
+    def __init__(
+        self, log_dir: str, rank: int, options: PerRankMetrics | None = None, events: RankEventFiles | None = None
+    ) -> None:
         super().__init__()
         self._log_dir = log_dir
         self._rank = rank
@@ -46,6 +50,7 @@ class RankCSVLogger(Logger):
         self._path = join(log_dir, self._options.filename.replace("{rank}", str(rank)))
         self._writer: RankMetricsWriter | None = None
         self._stopped = self._path in _STOPPED_HERE
+        self.events = events
         # trainer._results walks several properties; the collection it returns is fixed per (fn, stage): keep the last
         self._results: tuple[Any, Any, Any] = (None, None, None)
         self.resume_from_step: int | None = None
@@ -157,6 +162,8 @@ class RankCSVLogger(Logger):
             doing = "writing a row"
             writer.log_metrics(row, step)
             self.rows_logged += 1
+            if self.events is not None:
+                self.events.log_row(row, step, self.resume_from_step)
         except Exception as error:
             self._stop(error, doing)
 
@@ -169,6 +176,8 @@ class RankCSVLogger(Logger):
             writer = self._writer if self._writer is not None else self.experiment
             writer.log_columns(row, step)
             self.rows_logged += 1
+            if self.events is not None:
+                self.events.log_telemetry(row, step, self.resume_from_step)
         except Exception as error:
             self._stop(error, "writing a telemetry row")
 
@@ -189,6 +198,8 @@ class RankCSVLogger(Logger):
         writer = _OPEN_WRITERS.get(self._path)
         if writer is None or self._stopped:
             return
+        if self.events is not None:
+            self.events.flush()
         try:
             writer.flush()
         except Exception as error:
@@ -200,6 +211,8 @@ class RankCSVLogger(Logger):
             self._stop(error, "capturing a local value")
         writer = _OPEN_WRITERS.pop(self._path, None)
         self._writer = None
+        if self.events is not None:
+            self.events.close()
         if writer is None or self._stopped:
             return
         try:
@@ -214,6 +227,8 @@ class RankCSVLogger(Logger):
         _STOPPED_HERE.add(self._path)
         local_values.stop_capture()
         self._writer = None
+        if self.events is not None:
+            self.events.close()  # without local values the event files stop too
         writer = _OPEN_WRITERS.pop(self._path, None)
         rows, last_step = 0, None
         if writer is not None:
