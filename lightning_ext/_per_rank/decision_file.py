@@ -15,7 +15,7 @@ __all__ = ["MARKER_FORMAT", "DecisionFile"]
 MARKER_FORMAT = "lightning-ext decision record incomplete/1"
 
 
-class DecisionFile:
+class DecisionFile(FileOutput):
     """Rank 0's record of every cross-rank decision of a run; never raises into the training.
 
     Each row is written as soon as it is recorded, by the per-rank files' storages: on a local disk one ``os.write``
@@ -32,7 +32,7 @@ class DecisionFile:
     """
 
     def __init__(self, log_dir: str, run: str) -> None:
-        self._output = FileOutput(
+        super().__init__(
             log_dir,
             FILENAME,
             0,
@@ -42,25 +42,10 @@ class DecisionFile:
             marker_format=MARKER_FORMAT,
         )
         self._run = run
-        self.path = self._output.path
         self._storage: LocalFile | PartedFile | None = None
         self._has_header = False
         self._rows = 0
         self._last_step: int | None = None
-
-    @property
-    def stopped(self) -> bool:
-        """Whether recording stopped after an error, in this process."""
-        return self._output.stopped
-
-    @property
-    def resume_from_step(self) -> int | None:
-        """The step a resumed run starts from: later rows are dropped from the file (they are decided again)."""
-        return self._output.resume_from_step
-
-    @resume_from_step.setter
-    def resume_from_step(self, step: int | None) -> None:
-        self._output.resume_from_step = step
 
     def record(self, build: Callable[[], Mapping[str, Any]]) -> None:
         """Write the row that ``build`` makes (called here, so that an error in it steps aside as well)."""
@@ -102,7 +87,7 @@ class DecisionFile:
             storage = storage_for(self.path)
             return storage, storage.start(resume)
 
-        storage, started = self._output.open(start, lambda opened: opened[1].rotated_to)
+        storage, started = self.open(start, lambda opened: opened[1].rotated_to)
         self._storage = storage
         self._has_header = started.fieldnames == list(COLUMNS)
         self._rows = started.rows
@@ -118,4 +103,4 @@ class DecisionFile:
                 finally:
                     storage.discard()
 
-        self._output.stop(error, doing, release, lambda: (self._rows, self._last_step))
+        self.stop(error, doing, release, lambda: (self._rows, self._last_step))
