@@ -89,11 +89,6 @@ class Watchdog:
         """Its store clients, once its thread has ended (for reuse by a later run: ``release_store_clients``)."""
         return [] if self._thread.is_alive() else [self._store, self._thread_store]
 
-    @property
-    def thread_store(self) -> Any:
-        """The watchdog thread's store client (for handlers, which run on that thread)."""
-        return self._thread_store
-
     def post(self, record: ErrorRecord) -> ErrorRecord:
         """Post ``record`` unless another error was posted first; wake every watchdog; return the error that won."""
         encoded = json.dumps(record.__dict__)
