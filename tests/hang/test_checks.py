@@ -3,7 +3,7 @@
 The expected outcome of every script is worked out here from the script alone, without lightning_ext: uneven batch
 counts end in ``UnevenBatchesError`` naming the loader and each rank's count; synced logging that some ranks skip
 ends in ``DivergentLoggingError`` naming the first skipped key(s) and exactly which ranks did and did not sync them;
-a script without divergence produces the same files, steps and metrics as the same run with the checks off.
+a script without divergence produces the same files, steps and metrics as the same run under stock ``DDPStrategy``.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.helpers import search
 from tests.helpers.hang_tasks import HOOKS
 
 WORLDS = (1, 2, 3, 4)
-_SCALE = settings().max_examples / 100  # 1 under the ci profile, 15 under thorough, 0.3 under quick
 
 
 def run(rank_pools: Any, world: int, log_dir: Path, script: dict[str, Any], **options: Any) -> list[dict[str, Any]]:
@@ -46,7 +46,10 @@ def first_divergence(script: dict[str, Any], world: int) -> tuple[str, list[str]
     step_values = [e for e in logs if e["hook"] == "validation_step" and e["phase"] == "step"]
     if step_values:  # synced at every validation batch, in the order logged: the first skipped one is met first
         return "DivergentLoggingError", [step_values[0]["name"]], ranks(step_values[0])
-    for round_hooks in (("validation_step", "on_validation_epoch_end"), ("training_step", "on_train_epoch_end")):
+    # Lightning syncs the validation_step epoch values when the loader is done (_store_dataloader_outputs), before
+    # on_validation_epoch_end, whose values sync in a round of their own; training syncs its epoch values once
+    rounds = (("validation_step",), ("on_validation_epoch_end",), ("training_step", "on_train_epoch_end"))
+    for round_hooks in rounds:
         skipped = [entry for entry in logs if entry["hook"] in round_hooks]  # the first epoch-end round that differs
         if skipped:
             return "DivergentLoggingError", [entry["name"] for entry in skipped], ranks(skipped[0])
@@ -79,8 +82,9 @@ def check_outcome(script: dict[str, Any], world: int, checked: list[dict[str, An
     if expected is None:
         assert [o["error"] for o in checked] == [None] * world, [o["message"] for o in checked]
         baseline: list[dict[str, Any]] = reference()
-        for mine, theirs in zip(checked, baseline):  # the checks change nothing: files, steps, metrics
-            assert mine["files"] == theirs["files"]
+        for mine, theirs in zip(checked, baseline):  # as stock DDPStrategy: files, steps, metrics
+            # every file stock writes, byte for byte (ours also writes each rank's own file)
+            assert {name: mine["files"][name] for name in theirs["files"]} == theirs["files"]
             assert (mine["global_step"], mine["epochs"]) == (theirs["global_step"], theirs["epochs"])
             assert _same(mine["callback_metrics"], theirs["callback_metrics"])
         return
@@ -111,14 +115,14 @@ def _same(mine: dict[str, float], theirs: dict[str, float]) -> bool:
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("world", [pytest.param(w, marks=pytest.mark.both_packages) if w == 2 else w for w in WORLDS])
 def test_property_random_scripts_fail_by_name_or_change_nothing(rank_pools: Any, tmp_path: Path, world: int) -> None:
-    examples = max(1, round({1: 3, 2: 10, 3: 6, 4: 3}[world] * _SCALE))
+    examples = search.examples(search.PER_SUITE_FIT)
 
     @settings(max_examples=examples)
     @given(script=scripts(world))
     def check(script: dict[str, Any]) -> None:
         root = tmp_path / f"example{len(list(tmp_path.iterdir()))}"
         checked = run(rank_pools, world, root / "checked", script)
-        check_outcome(script, world, checked, lambda: run(rank_pools, world, root / "off", script, hang_checks=False))
+        check_outcome(script, world, checked, lambda: run(rank_pools, world, root / "stock", script, stock=True))
 
     check()
 
@@ -179,7 +183,7 @@ def test_property_a_check_agrees_exactly_when_every_rank_brings_the_same(rank_po
     namespace = f"lockstep-test/{uuid.uuid4().hex}/"
     pool = rank_pools(world)
 
-    @settings(max_examples=max(1, round({2: 15, 3: 10, 4: 6}[world] * _SCALE)))
+    @settings(max_examples=search.examples(search.PER_SUITE_CHEAP))
     @given(calls=st.lists(st.lists(identity, min_size=world, max_size=world), min_size=1, max_size=4))
     def check(calls: list[list[list[Any]]]) -> None:
         per_rank = [(namespace, [call[rank] for call in calls]) for rank in range(world)]
@@ -246,4 +250,6 @@ def test_a_second_run_in_a_process_opens_no_new_store_connection(rank_pools: Any
     reverse lookup of the server's address, which a slow resolver holds for seconds)."""
     ports = rank_pools(2).run("tests.helpers.hang_tasks:store_connections_across_fits", (str(tmp_path), 2))
     for after_first, after_second in ports:
-        assert after_second == after_first and len(after_first) >= 3, ports
+        # no connection after the second fit that was not there after the first (some of the first's may close late)
+        assert set(after_second) <= set(after_first), ports
+        assert len(after_second) >= 3, ports  # the run's three connections, kept for the next one

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from lightning_ext import PolicyDDPStrategy, Quorum
 from lightning_ext._hang.stop import _other_handlers, resolve_preemption_policy
+from tests.helpers import search
 from tests.helpers.pool import RankPool
 from tests.helpers.preemption_tasks import EPOCHS, PHASES, TRAIN_BATCHES, mark, rank_rows
 
@@ -82,9 +83,9 @@ def _check_resumed(references: _References, pool: RankPool, root: Path, accumula
 
 @pytest.mark.slow
 @pytest.mark.timeout(400)
-@settings(max_examples=5)
+@pytest.mark.parametrize("world_size", [2, 3])
+@settings(max_examples=search.examples(search.PER_SUITE_FIT))
 @given(
-    world_size=st.sampled_from([2, 3]),
     accumulate=st.sampled_from([1, 2]),
     every_rank=st.booleans(),
     culprit=st.integers(0, 2),
