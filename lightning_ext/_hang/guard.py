@@ -12,8 +12,9 @@ from torch.nn.parallel import DistributedDataParallel
 from lightning_ext import _collective, errors
 from lightning_ext._hang import loaders, logs, stall
 from lightning_ext._hang.facts import Recorder, SignalConsumer
-from lightning_ext._hang.lockstep import Lockstep, Point, raise_record, record_of
+from lightning_ext._hang.lockstep import Lockstep, raise_record, record_of
 from lightning_ext._hang.messages import signalled_message
+from lightning_ext._hang.points import Point
 from lightning_ext._hang.sites import called_as
 from lightning_ext._hang.stop import StopController
 from lightning_ext._hang.watchdog import Watchdog

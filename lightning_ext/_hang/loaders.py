@@ -8,8 +8,9 @@ from typing import Any, Literal
 from lightning.pytorch.utilities import rank_zero_warn
 
 from lightning_ext import errors
-from lightning_ext._hang.lockstep import Lockstep, Point
+from lightning_ext._hang.lockstep import Lockstep
 from lightning_ext._hang.messages import FIXES, count_text, describe_divergence
+from lightning_ext._hang.points import Point
 
 __all__ = ["LoaderChecks", "active", "start", "stop"]
 

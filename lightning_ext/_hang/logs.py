@@ -7,7 +7,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from lightning_ext._hang.lockstep import Lockstep, Point
+from lightning_ext._hang.lockstep import Lockstep
+from lightning_ext._hang.points import Point
 from lightning_ext._hang.sites import user_site as site_of
 
 __all__ = [

@@ -10,7 +10,7 @@ from lightning_ext._hang.facts import Call, Facts
 from lightning_ext._hang.progress import Progress
 
 if TYPE_CHECKING:
-    from lightning_ext._hang.lockstep import Point
+    from lightning_ext._hang.points import Point
 
 __all__ = ["FIXES", "describe_deadlock", "describe_divergence", "signalled_message"]
 

@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 from lightning_ext import errors
 from lightning_ext._collective import exchange_partners
 from lightning_ext._hang.facts import Call, Facts
-from lightning_ext._hang.lockstep import Point
 from lightning_ext._hang.messages import describe_deadlock, describe_divergence
+from lightning_ext._hang.points import Point
 from lightning_ext._hang.progress import Progress
 from lightning_ext._hang.verdict import blocked_by, deadlock
 
