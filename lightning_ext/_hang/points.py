@@ -10,8 +10,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lightning_ext._hang.facts import Facts
+from lightning_ext._hang.sites import Caller
 
-__all__ = ["Label", "Point", "fingerprint_at", "labelled"]
+__all__ = ["Label", "Point", "collective_point", "fingerprint_at", "labelled"]
 
 Label = str | Callable[[], str]
 
@@ -25,6 +26,10 @@ class Point:
         identity: what must be equal on every rank (hashed into the fingerprint).
         where: what it is, for people: ``self.log('loss', sync_dist=True) in training_step (model.py:31)``.
         detail: extra data for the error message and for resolving a mismatch (e.g. batch counts).
+        call: the call, in a few words, for an error's first line: ``self.log('loss', sync_dist=True)``,
+            ``strategy.broadcast() via Trainer.log_dir``.
+        site: where the user's code makes the call (``model.py:31 in training_step``); ``None`` where Lightning's own
+            flow makes it, which every rank reaches (a check there is never the one that some ranks made alone).
 
     """
 
@@ -34,11 +39,21 @@ class Point:
     detail: Any = field(default=None, compare=False)
     position: int = field(default=0, compare=False)  # set on the error path: where in the run (a batch number)
     facts: Facts | None = field(default=None, compare=False)  # set on the error path: the rank's facts then
+    call: str = field(default="", compare=False)
+    site: str | None = field(default=None, compare=False)
 
     @functools.cached_property
     def fingerprint(self) -> int:
         """A 62-bit digest of ``identity`` (it fits an int64, sent as one)."""
         return _fingerprint(self.identity)
+
+
+def collective_point(call: str, identity: tuple[Any, ...], caller: Caller) -> Point:
+    """The check before a collective call of the strategy (``strategy.barrier('x')``) that ``caller`` made."""
+    via = f"via {caller.api} " if caller.api else ""
+    short = f"{caller.api} ({call.split('(')[0]})" if caller.api and not caller.lightning else call
+    site = None if caller.lightning else caller.site
+    return Point("collective", identity, f"{call} {via}called from {caller.site}", call=short, site=site)
 
 
 def fingerprint_at(fingerprint: int, position: int, calls: int) -> int:
