@@ -83,4 +83,6 @@ def called_as(frame: FrameType | None) -> Caller:
     )
     if outermost in _ENTRY_POINTS and innermost != outermost:  # Lightning's loops made it: say where in them
         return Caller(f"{innermost}, in {outermost}", site, True)
+    if frame is None and innermost is not None:  # no user frame at all: a rank that a launcher started (spawn)
+        return Caller(innermost if innermost == outermost else f"{innermost}, in {outermost}", site, True)
     return Caller(outermost, site, False)
