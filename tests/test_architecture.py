@@ -1,10 +1,12 @@
-"""The layout docs/architecture.md states: every module listed there, a short top level, short modules."""
+"""The layout docs/architecture.md states: every module listed there, a short top level, short modules, no cycles."""
 
 from __future__ import annotations
 
 import ast
 import re
 from pathlib import Path
+
+import grimp
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "lightning_ext"
@@ -36,3 +38,16 @@ def test_no_module_is_over_400_lines_and_each_module_docstring_is_at_most_five_l
         assert docstring, f"{module} has no module docstring"
         lines = docstring.strip("\n").split("\n")
         assert len(lines) <= 5, f"{module}'s docstring has {len(lines)} lines: the rest belongs in docs/"
+
+
+def test_the_hang_checks_import_no_cycle_even_through_imports_for_type_checking_only() -> None:
+    """import-linter leaves out the imports under ``if TYPE_CHECKING:``; a cycle through them is still a cycle."""
+    graph = grimp.build_graph("lightning_ext", exclude_type_checking_imports=False)
+    hang = sorted(module for module in graph.modules if module.startswith("lightning_ext._hang."))
+    cycles = [
+        (module, imported)
+        for module in hang
+        for imported in sorted(graph.find_modules_directly_imported_by(module))
+        if imported.startswith("lightning_ext._hang.") and graph.chain_exists(imported, module)
+    ]
+    assert not cycles, f"import cycles in lightning_ext._hang (module, one it imports that leads back): {cycles}"
