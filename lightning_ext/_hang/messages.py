@@ -135,7 +135,7 @@ def describe_deadlock(point: Point, waiting: Sequence[Facts], missing: Sequence[
     everyone: list[Facts] = sorted([*waiting, *missing], key=_rank_of)
     waiting_ranks = {facts.rank for facts in waiting}
     listing = grouped_lines(
-        (facts.rank, f"waits at {point.where}" if facts.rank in waiting_ranks else _doing(facts)) for facts in everyone
+        (facts.rank, f"waits at {point.where}" if facts.rank in waiting_ranks else doing(facts)) for facts in everyone
     )
     signalled = _signalled(everyone)
     if signalled is not None:
@@ -280,10 +280,6 @@ def _text(head: str, advice: str, lines: Iterable[str], fix: str) -> str:
 
 def _rank_of(facts: Facts) -> int:
     return facts.rank
-
-
-def _doing(facts: Facts) -> str:
-    return doing(facts, None if facts.progress is None else facts.progress.hook)
 
 
 def _signalled(facts: Sequence[Facts | None]) -> str | None:

@@ -91,8 +91,9 @@ def call_text(call: Call) -> str:
 def doing(facts: Facts | None, hook: str | None = None, stack: str = "", workers: Sequence[str] = ()) -> str:
     """What a rank is doing, from its facts (and, in a stall report, its training thread's stack and its DataLoader
     workers): ``blocked in ...``, ``in its synced backward pass #4 ...``, ``computing in training_step at ...``,
-    followed by where it is in Lightning's loops."""
+    followed by where it is in Lightning's loops. ``hook``: the hook it runs, if not the one in its facts."""
     progress = None if facts is None else facts.progress
+    hook = hook or (None if progress is None else progress.hook)
     during = f", during {progress.describe()}" if progress is not None else ""
     in_hook = f" in {hook}" if hook else ""
     at = f" at {facts.at}" if facts is not None and facts.at else ""

@@ -103,7 +103,7 @@ EXPECTED: dict[str, tuple[str, str, tuple[str, ...], tuple[str, ...], int]] = {
         (
             "self.log('val_mean', <metric>)"
             + _at('self.log("val_mean"', "validation_step")
-            + " synced on rank 0 only; rank 1 went on. Fix: update and log the metric on every rank.",
+            + " synced on rank 0 only; rank 1 did not sync it. Fix: update and log the metric on every rank.",
         ),
         ("every rank must update and log the metric object",),
         4,
