@@ -49,11 +49,18 @@ class Point:
 
 
 def collective_point(call: str, identity: tuple[Any, ...], caller: Caller) -> Point:
-    """The check before a collective call of the strategy (``strategy.barrier('x')``) that ``caller`` made."""
+    """The check before a collective call of the strategy (``strategy.barrier('x')``) that ``caller`` made.
+
+    Whose flow made the call is part of what must agree: a rank-guarded ``strategy.broadcast`` of the user's must not
+    pass as the broadcast that Lightning makes on the other ranks at that moment (Lightning 2.5's ``ModelCheckpoint``
+    broadcasts in every validation), which would mix up their values. Every rank reaches a call of a correct program
+    through the same code, so this adds no false alarm.
+    """
     via = f"via {caller.api} " if caller.api else ""
     short = f"{caller.api} ({call.split('(')[0]})" if caller.api and not caller.lightning else call
     site = None if caller.lightning else caller.site
-    return Point("collective", identity, f"{call} {via}called from {caller.site}", call=short, site=site)
+    where = f"{call} {via}called from {caller.site}"
+    return Point("collective", (*identity, caller.lightning), where, call=short, site=site)
 
 
 def fingerprint_at(fingerprint: int, position: int, calls: int) -> int:

@@ -274,3 +274,17 @@ def test_a_call_that_lightning_makes_with_no_user_frame_on_the_stack_is_lightnin
     thread.start()
     thread.join()
     assert found[0] == ("_run", "an unknown place", True)
+
+
+def test_a_users_broadcast_does_not_pass_as_the_broadcast_lightning_makes_on_the_other_ranks() -> None:
+    """Lightning 2.5's ModelCheckpoint broadcasts on every rank in each validation: a rank-guarded broadcast of the
+    user's on rank 0 met it at the check and passed, mixing up the two values (found by the pitfall matrix)."""
+    from lightning_ext._hang.points import collective_point
+    from lightning_ext._hang.sites import Caller
+
+    users = collective_point("strategy.broadcast(src=0)", ("broadcast", 0), Caller(None, "m.py:4 in f", False))
+    lightnings = Caller("ModelCheckpoint.file_exists, in Trainer.fit", "train.py:9 in <module>", True)
+    flows = collective_point("strategy.broadcast(src=0)", ("broadcast", 0), lightnings)
+    assert users.fingerprint != flows.fingerprint
+    assert (users.call, users.site) == ("strategy.broadcast(src=0)", "m.py:4 in f")
+    assert flows.site is None  # Lightning's own flow: never a culprit
