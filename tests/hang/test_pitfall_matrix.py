@@ -129,7 +129,8 @@ def _run(world: int, out: Path) -> tuple[int | None, str]:
 @pytest.fixture(scope="module")
 def outcomes(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Outcomes]:
     """Every rank's outcome of a scenario, from the job of its world size (the selected jobs run at once)."""
-    selected = {item.callspec.params["world"] for item in request.session.items if item.module is request.module}
+    mine = [item for item in request.session.items if getattr(item, "module", None) is request.module]
+    selected = {item.callspec.params["world"] for item in mine}
     root = tmp_path_factory.mktemp("pitfalls")
     with ThreadPoolExecutor(max_workers=len(WORLDS)) as pool:
         jobs: dict[int, Future[tuple[int | None, str]]] = {
