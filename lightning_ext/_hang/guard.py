@@ -12,8 +12,9 @@ from torch.nn.parallel import DistributedDataParallel
 from lightning_ext import _collective, errors
 from lightning_ext._hang import loaders, logs, stall
 from lightning_ext._hang.facts import Recorder, SignalConsumer
-from lightning_ext._hang.lockstep import Lockstep, Point, raise_record, record_of
+from lightning_ext._hang.lockstep import Lockstep, raise_record, record_of
 from lightning_ext._hang.messages import signalled_message
+from lightning_ext._hang.points import Point, collective_point
 from lightning_ext._hang.sites import called_as
 from lightning_ext._hang.stop import StopController
 from lightning_ext._hang.watchdog import Watchdog
@@ -179,7 +180,7 @@ class HangGuard:
         """Check before a collective call of the strategy (``barrier``, ``broadcast``, ``all_gather``)."""
         if self.lockstep is None or (debug_only and self.mode != "debug") or not _collective.is_initialized():
             return
-        self.lockstep.require(Point("collective", identity, f"{call} {_called_as(sys._getframe(1))}"))
+        self.lockstep.require(collective_point(call, identity, called_as(sys._getframe(1))))
 
     def on_failure(self, error: BaseException, rank: int) -> None:
         """A fit/validate/test raised on this rank: flush, then make every rank end with the same error.
@@ -227,9 +228,3 @@ class HangGuard:
     def _safe_flush(self) -> None:
         with contextlib.suppress(Exception):  # a diagnostic must never stand in the way of the real error
             self._flush()
-
-
-def _called_as(frame: Any) -> str:
-    """``(via Trainer.log_dir) called from model.py:40 in validation_step``: the API the user called, and where."""
-    api, site = called_as(frame)
-    return f"via {api} called from {site}" if api else f"called from {site}"

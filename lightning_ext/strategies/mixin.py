@@ -293,7 +293,7 @@ class PolicyStrategyMixin(_Strategy):
     @override
     def barrier(self, name: str | None = None) -> None:
         with timing(self._step_timer, COLLECTIVES):
-            self._hang_guard.check_call(f"strategy.barrier({name!r})", ("barrier", name))
+            self._hang_guard.check_call(f"strategy.barrier({'' if name is None else repr(name)})", ("barrier", name))
             super().barrier(name)  # type: ignore[safe-super]
 
     @override

@@ -9,6 +9,7 @@ a script without divergence produces the same files, steps and metrics as the sa
 from __future__ import annotations
 
 import math
+import re
 import uuid
 from pathlib import Path
 from typing import Any
@@ -92,17 +93,50 @@ def check_outcome(script: dict[str, Any], world: int, checked: list[dict[str, An
     assert {o["error"] for o in checked} == {error}, [o["message"] for o in checked]
     assert len({o["message"] for o in checked}) == 1, "the ranks raised different messages"
     message = checked[0]["message"]
-    if error == "UnevenBatchesError":
+    first = message.splitlines()[0]
+    if error == "UnevenBatchesError":  # the first line names the loader; a line per group of ranks, each one's count
         stage = culprits[0].split()[0]
-        counts = script[f"{stage}_batches"]
-        assert culprits[0] in message
-        for rank, count in enumerate(counts):
-            assert f"rank {rank}: {count}" in message, message
+        assert first.startswith("Uneven data") and culprits[0] in first, message
+        named = ranks_in_lines(message)
+        for rank, count in enumerate(script[f"{stage}_batches"]):
+            assert named[rank].startswith(culprits[0]), message
+            assert named[rank].endswith(f": {count} batch{'' if count == 1 else 'es'}"), message
         return
-    lacking = [rank for rank in range(world) if rank not in having]
     for name in culprits:
         assert f"{name!r}" in message, message
-    assert f"is synced on rank(s) {having} but not on rank(s) {lacking}" in message, message
+    # the first line names a key that not every rank syncs, and the ranks that sync it (alone, or beside others'
+    # keys when the other ranks sync another key at the same time)
+    keys = "|".join(re.escape(repr(name)) for name in culprits)
+    having_text = re.escape(ranks_named(having))
+    alone = rf"self\.log\(({keys}), sync_dist=True\).* synced on {having_text} only;"
+    beside = rf"{having_text} syncs? ({keys})"
+    assert re.search(alone, first) or re.search(beside, first), message
+
+
+def ranks_named(ranks: list[int]) -> str:
+    """How the messages name a few ranks: ``rank 2``, ``ranks 0-1, 3`` (runs of consecutive ranks as ranges)."""
+    runs: list[list[int]] = []
+    for rank in sorted(ranks):
+        if runs and rank == runs[-1][-1] + 1:
+            runs[-1].append(rank)
+        else:
+            runs.append([rank])
+    text = ", ".join(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}" for run in runs)
+    return ("rank " if len(ranks) == 1 else "ranks ") + text
+
+
+def ranks_in_lines(message: str) -> dict[int, str]:
+    """Each rank's detail line (``  ranks 0-1, 3: <text>``), read back: rank -> text."""
+    named = {}
+    for line in message.splitlines()[1:]:
+        found = re.match(r"  ranks? ([0-9, -]+): (.*)$", line)
+        if found is None:
+            continue
+        for part in found[1].split(", "):
+            low, _, high = part.partition("-")
+            for rank in range(int(low), int(high or low) + 1):
+                named[rank] = found[2]
+    return named
 
 
 def _same(mine: dict[str, float], theirs: dict[str, float]) -> bool:
@@ -171,7 +205,9 @@ def test_stream_that_runs_out_on_one_rank_is_an_error_naming_it(rank_pools: Any,
     script = {"train_batches": [[3], [5]], "val_batches": [2, 2], "logs": []}
     outcomes = run(rank_pools, 2, tmp_path, script, check_unsized_loaders=True)
     assert {o["error"] for o in outcomes} == {"UnevenBatchesError"}
-    assert "ran out on rank(s) [0] while rank(s) [1] have more batches" in outcomes[0]["message"]
+    assert outcomes[0]["message"].splitlines()[0] == (
+        "Uneven data: the train dataloader (no length) ran out after 3 batch(es) on rank 0 while rank 1 had more."
+    )
 
 
 # ---- the check itself: one verdict, the same on every rank ---------------------------------------------------------
