@@ -47,7 +47,15 @@ FIXES = {
         " process group of the launcher, `scancel --signal=TERM` on SLURM; torchrun forwards SIGTERM to every worker)."
     ),
 }
-_FIX_OF_KIND = {"log": "log", "epoch_logs": "log", "collective": "collective", "loaders": "loaders", "batch": "loaders"}
+_FIX_OF_KIND = {
+    "log": "log",
+    "epoch_logs": "log",
+    "step_logs": "log",
+    "collective": "collective",
+    "loaders": "loaders",
+    "batch": "loaders",
+}
+_LOGS = ("log", "epoch_logs", "step_logs")  # the kinds of point where synced logging is checked
 _SIGNAL_CAUSES = {
     "SIGTERM": "a preemption notice, a scheduler's or a user's `kill`",
     "SIGINT": "Ctrl-C, or `kill -INT`",
@@ -87,7 +95,7 @@ def describe_divergence(points: Sequence[Point]) -> errors.CrossRankError:
         return errors.UnevenBatchesError(_with("The ranks ran different numbers of batches:", listing, "loaders"))
     if len({point.identity for point in points}) == 1 or any(kind == "collective" for kind in kinds):
         return errors.DivergentCollectiveError(_with(_collective_headline(points, facts), listing, "collective"))
-    if any(kind in ("log", "epoch_logs") for kind in kinds):
+    if any(kind in _LOGS for kind in kinds):
         headline, fix = _logging_headline(points)
         return errors.DivergentLoggingError(_with(headline, listing, fix))
     headline = "The ranks reached different collective calls, so the job would hang or mix up values:"
@@ -129,9 +137,9 @@ def describe_deadlock(point: Point, waiting: Sequence[Facts], missing: Sequence[
         " call. The job would hang until the process-group timeout:"
     )
     fix = _FIX_OF_KIND.get(point.kind, "collective")
-    if point.kind in ("log", "epoch_logs") and _is_metric(point):
+    if point.kind in _LOGS and _is_metric(point):
         fix = "metric"
-    cls = errors.DivergentLoggingError if point.kind in ("log", "epoch_logs") else errors.DivergentCollectiveError
+    cls = errors.DivergentLoggingError if point.kind in _LOGS else errors.DivergentCollectiveError
     return cls(_with(headline, listing, fix))
 
 
@@ -253,7 +261,7 @@ def _loaders_headline(points: Sequence[Point]) -> str:
 
 def _logging_headline(points: Sequence[Point]) -> tuple[str, str]:
     if not any(point.kind == "log" for point in points):
-        rounds = [point for point in points if point.kind == "epoch_logs"]
+        rounds = [point for point in points if point.kind in ("epoch_logs", "step_logs")]
         first = min(point.position for point in rounds)
         return _epoch_keys_headline([point if point.position == first else None for point in points])
     logged = [point for point in points if point.kind == "log"]
@@ -294,7 +302,7 @@ def _epoch_keys_headline(points: Sequence[Point | None]) -> tuple[str, str]:
 def _entries(point: Point) -> list[dict[str, str]]:
     if point.kind == "log":
         return [point.detail]
-    if point.kind == "epoch_logs":
+    if point.kind in ("epoch_logs", "step_logs"):
         return list(point.detail)
     return []
 

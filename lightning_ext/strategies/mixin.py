@@ -29,6 +29,8 @@ from lightning_ext._per_rank.telemetry import (
     timing,
 )
 from lightning_ext._setup import checks as setup_checks
+from lightning_ext._sync import hooks as sync_hooks
+from lightning_ext._sync.queue import SyncQueue
 from lightning_ext.policies import DecisionPolicy, PolicyLike, resolve_policy
 from lightning_ext.rank_metrics import PerRankMetrics
 from lightning_ext.strategies import _compat, _runtime
@@ -139,6 +141,7 @@ class PolicyStrategyMixin(_Strategy):
         )
         self._decision_record = decision_record
         self.decision_file: DecisionFile | None = None  # rank 0's record, during a run
+        self._sync_queue: SyncQueue | None = None  # the synced logged values held until their hook ends, during a run
 
     @property
     def checkpoint_policy(self) -> DecisionPolicy:
@@ -188,6 +191,9 @@ class PolicyStrategyMixin(_Strategy):
         super().setup_environment()
         namespace, peers = self._agree_at_set_up()
         self._hang_guard.start(self._rank(), self.world_size, namespace, self._trainer(), peers)
+        if _collective.is_initialized():
+            self._sync_queue = SyncQueue(self._reduce_packed, self._hang_guard.check_pack)
+            sync_hooks.start(self._sync_queue)
         setup_checks.start(setup_checks.SetupChecks(RankGroup.from_strategy(self), self._trainer()))
 
     @override
@@ -236,6 +242,9 @@ class PolicyStrategyMixin(_Strategy):
 
     @override
     def teardown(self) -> None:
+        if self._sync_queue is not None:
+            sync_hooks.stop()
+            self._sync_queue = None
         self._hang_guard.unwatch_backward_passes(self)
         setup_checks.stop()
         try:
@@ -288,8 +297,22 @@ class PolicyStrategyMixin(_Strategy):
     @override
     def reduce(self, tensor: Any, group: Any | None = None, reduce_op: Any = "mean") -> Any:
         tensor = _collective.exact_mean_input(tensor, reduce_op)
+        queue = self._sync_queue
+        if queue is not None and _collective.is_world(group):
+            synced = queue.take(tensor, reduce_op)  # a logged value: it syncs with the others of its hook or round
+            if synced is not None:
+                return synced
         with timing(self._step_timer, COLLECTIVES):
             return self._hang_guard.reduce(super().reduce, tensor, group, reduce_op)  # type: ignore[safe-super]
+
+    def _reduce_packed(self, tensor: Any, reduce_op: str) -> Any:
+        """Lightning's own ``reduce`` of packed logged values, without its barrier (their check lined the ranks up)."""
+        with (
+            timing(self._step_timer, COLLECTIVES),
+            self._hang_guard.lined_up(),
+            _collective.lightning_barrier_skipped(),
+        ):
+            return super().reduce(tensor, group=None, reduce_op=reduce_op)  # type: ignore[safe-super]
 
     @override
     def barrier(self, name: str | None = None) -> None:

@@ -1,0 +1,126 @@
+"""Random logging programs run under stock ``DDPStrategy`` and under lightning-ext (in rank pools), for the coalesced
+sync's tests: what every rank and every file shows must be stock's.
+
+A *program* says, per hook, which keys are logged and how (reduce op, ``on_step``/``on_epoch``, dtype, progress bar),
+with every rank's value and batch size at each (epoch, batch). The hooks: the module's ``training_step`` and
+``on_train_batch_end``, a callback's ``on_train_batch_end``, and ``validation_step``. A second callback, first in the
+list, reads ``trainer.callback_metrics`` in ``on_train_batch_end`` (after the module logged in ``training_step``) and
+the test compares what it read, too.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+from typing import Any
+
+import lightning as L
+import torch
+import torch.distributed as dist
+from lightning.pytorch.loggers import CSVLogger
+from torch.utils.data import DataLoader, TensorDataset
+
+HOOKS = ("training_step", "on_train_batch_end", "callback_on_train_batch_end", "validation_step")
+_DTYPES = {"int": torch.int64, "float32": torch.float32, "float64": torch.float64}
+
+
+def log_keys(module: L.LightningModule, keys: list[dict[str, Any]], batch_idx: int) -> dict[str, float]:
+    """Log ``keys`` at this rank's (epoch, batch); returns what ``callback_metrics`` shows for each right after."""
+    rank, epoch = module.global_rank, module.current_epoch
+    seen = {}
+    for key in keys:
+        value = torch.tensor(key["values"][rank][epoch][batch_idx], dtype=_DTYPES[key["dtype"]])
+        options = {option: key[option] for option in ("reduce_fx", "on_step", "on_epoch", "prog_bar")}
+        if key["batch_sizes"] is not None:
+            options["batch_size"] = key["batch_sizes"][rank][epoch][batch_idx]
+        module.log(key["name"], value, sync_dist=True, **options)
+        if key["on_step"]:
+            seen[key["name"]] = _number(module.trainer.callback_metrics.get(key["name"] + "_step" * key["on_epoch"]))
+    return seen
+
+
+class ProgramModule(L.LightningModule):
+    """Logs what ``program`` says in each hook; keeps what a read right after its own ``self.log`` saw."""
+
+    def __init__(self, program: dict[str, Any]) -> None:
+        super().__init__()
+        self.program = program
+        self.layer = torch.nn.Linear(2, 1)
+        self.read_inside: list[dict[str, float]] = []
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        self.read_inside.append(log_keys(self, self.program["training_step"], batch_idx))
+        return self.layer(batch[0]).sum() * 0.0
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        log_keys(self, self.program["on_train_batch_end"], batch_idx)
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        log_keys(self, self.program["validation_step"], batch_idx)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.0)
+
+
+class LoggingCallback(L.Callback):
+    """Logs ``program["callback_on_train_batch_end"]`` through the module, from a callback."""
+
+    def __init__(self, program: dict[str, Any]) -> None:
+        self.program = program
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        log_keys(pl_module, self.program["callback_on_train_batch_end"], batch_idx)
+
+
+class ReadingCallback(L.Callback):
+    """Reads every ``callback_metrics`` value in ``on_train_batch_end``, before any other hook of that batch logs."""
+
+    def __init__(self) -> None:
+        self.reads: list[dict[str, float]] = []
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        self.reads.append({name: _number(value) for name, value in trainer.callback_metrics.items()})
+
+
+def _number(value: Any) -> float:
+    return math.nan if value is None else float(value)
+
+
+def fit(root: str, program: dict[str, Any], stock: bool, strategy_options: dict[str, Any] | None = None) -> dict:
+    """One fit on this pool's ranks; returns everything a user can see of the logged values on this rank."""
+    from lightning_ext import PolicyDDPStrategy
+
+    world = dist.get_world_size()
+    strategy: Any = "ddp" if stock else PolicyDDPStrategy(**(strategy_options or {}))
+    reading, module = ReadingCallback(), ProgramModule(program)
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=world,
+        strategy=strategy,
+        max_epochs=program["epochs"],
+        logger=CSVLogger(root, version=0),
+        log_every_n_steps=1,
+        callbacks=[reading, LoggingCallback(program)],
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        use_distributed_sampler=False,
+    )
+    batches = program["batches"]
+    train = DataLoader(TensorDataset(torch.zeros(batches, 2)), batch_size=1)
+    val = DataLoader(TensorDataset(torch.zeros(batches, 2)), batch_size=1) if program["validation_step"] else None
+    trainer.fit(module, train, val)
+    rows: list[dict[str, str]] = []
+    if trainer.is_global_zero:
+        with open(os.path.join(root, "lightning_logs", "version_0", "metrics.csv"), newline="") as file:
+            rows = list(csv.DictReader(file))
+    return {
+        "callback_metrics": {name: _number(value) for name, value in trainer.callback_metrics.items()},
+        "logged_metrics": {name: _number(value) for name, value in trainer.logged_metrics.items()},
+        "progress_bar_metrics": {name: float(value) for name, value in trainer.progress_bar_metrics.items()},
+        "callback_reads": reading.reads,
+        "read_inside": module.read_inside,
+        "csv": rows,
+    }
