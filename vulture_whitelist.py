@@ -36,10 +36,8 @@ _.__getattr__
 _.__dir__
 _._stop_live_watchdogs
 _._close_writers
-# types used only in string annotations (strategies/fsdp.py), which vulture does not read
-_.DeviceMesh
-_.CPUOffload
-_.MixedPrecision
+# inspect.signature reads a function's __signature__ (the strategies' generated signatures, strategies/_options.py)
+_.__signature__
 # written to the benchmark's JSON through dataclasses.asdict
 _.mean_us
 _.samples

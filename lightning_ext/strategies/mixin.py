@@ -12,7 +12,7 @@ from lightning_ext import _collective
 from lightning_ext._collective import RankGroup
 from lightning_ext._decisions import checkpoint, early_stopping
 from lightning_ext._hang.guard import HangChecks, HangGuard, UnevenMode, validate_options
-from lightning_ext._hang.stall import OnStall, StallOptions
+from lightning_ext._hang.stall import StallOptions
 from lightning_ext._hang.stop import resolve_preemption_policy
 from lightning_ext._packages.choice import Package, check_one_package, package_of, strategy_for_other_package
 from lightning_ext._per_rank import local_values
@@ -31,10 +31,11 @@ from lightning_ext._per_rank.telemetry import (
 from lightning_ext._setup import checks as setup_checks
 from lightning_ext._sync import hooks as sync_hooks
 from lightning_ext._sync.queue import SyncQueue
-from lightning_ext.policies import DecisionPolicy, PolicyLike, resolve_policy
+from lightning_ext.policies import DecisionPolicy, resolve_policy
 from lightning_ext.rank_metrics import PerRankMetrics
 from lightning_ext.strategies import _compat, _runtime
 from lightning_ext.strategies._class_checks import check_base, check_order
+from lightning_ext.strategies._options import StrategyOptions, init_for, mixin_signature
 from lightning_ext.strategies._set_up import agree, invalid_policies
 
 __all__ = ["PolicyStrategyMixin"]
@@ -50,7 +51,9 @@ class PolicyStrategyMixin(_Strategy):
     """Adds decision policies and per-rank metrics to a Lightning ``ParallelStrategy`` subclass.
 
     Put it first in the bases: ``class MyStrategy(PolicyStrategyMixin, DDPStrategy)``. It takes these keyword-only
-    arguments and passes every other argument to the strategy:
+    arguments and passes every other argument to the strategy. A subclass that defines no ``__init__`` gets one whose
+    signature is its strategy's parameters and then these options, so ``inspect.signature`` and LightningCLI see them
+    all (``lightning_ext/strategies/_options.py`` defines the options once):
 
     Args:
         checkpoint_policy: how ranks agree to save a new top-k checkpoint. Default ``"all"`` (stock Lightning).
@@ -92,28 +95,17 @@ class PolicyStrategyMixin(_Strategy):
         check_order(
             cls, PolicyStrategyMixin
         )  # here, because with the mixin after the strategy, its __init__ would not run to check it
+        _give_init(cls)
 
-    def __init__(
-        self,
-        *args: Any,
-        checkpoint_policy: PolicyLike = "all",
-        early_stopping_policy: PolicyLike = "any",
-        per_rank_metrics: bool | PerRankMetrics = False,
-        hang_checks: HangChecks = True,
-        uneven_batches: UnevenMode = "error",
-        check_unsized_loaders: bool = False,
-        decision_record: bool = True,
-        preemption_policy: PolicyLike | None = "any",
-        stall_timeout: float | str | None = "auto",
-        on_stall: OnStall = "error",
-        **kwargs: Any,
-    ) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:  # its signature: the options' (below the class)
+        self._check_buildable()
+        options = StrategyOptions.take(kwargs)
         check_base(type(self), PolicyStrategyMixin)
-        if not isinstance(decision_record, bool):
-            raise TypeError(f"decision_record must be True or False, got {decision_record!r}")
-        validate_options(hang_checks, uneven_batches, check_unsized_loaders)
-        preemption = resolve_preemption_policy(preemption_policy)
-        stall_options = StallOptions(stall_timeout, on_stall)  # raises on a bad option
+        if not isinstance(options.decision_record, bool):
+            raise TypeError(f"decision_record must be True or False, got {options.decision_record!r}")
+        validate_options(options.hang_checks, options.uneven_batches, options.check_unsized_loaders)
+        preemption = resolve_preemption_policy(options.preemption_policy)
+        stall_options = StallOptions(options.stall_timeout, options.on_stall)  # raises on a bad option
         _runtime.install()
         if not _runtime.seams_available():
             raise RuntimeError(
@@ -122,8 +114,9 @@ class PolicyStrategyMixin(_Strategy):
                 " `python -m lightning_ext.patches apply`, or unset the variable."
             )
         super().__init__(*args, **kwargs)
-        self._checkpoint_policy = resolve_policy(checkpoint_policy)
-        self._early_stopping_policy = resolve_policy(early_stopping_policy)
+        self._checkpoint_policy = resolve_policy(options.checkpoint_policy)
+        self._early_stopping_policy = resolve_policy(options.early_stopping_policy)
+        per_rank_metrics = options.per_rank_metrics
         if not isinstance(per_rank_metrics, (bool, PerRankMetrics)):
             raise TypeError(f"per_rank_metrics must be a bool or PerRankMetrics, got {type(per_rank_metrics).__name__}")
         self._per_rank_metrics = PerRankMetrics() if per_rank_metrics is True else (per_rank_metrics or None)
@@ -132,16 +125,20 @@ class PolicyStrategyMixin(_Strategy):
         self._telemetry: Telemetry | None = None
         self._step_timer: StepTimer | None = None  # times the phases below while telemetry is on
         self._hang_guard = HangGuard(
-            hang_checks,
-            uneven_batches,
-            check_unsized_loaders,
+            options.hang_checks,
+            options.uneven_batches,
+            options.check_unsized_loaders,
             self._flush_rank_files,
             stall_options,
             preemption,
         )
-        self._decision_record = decision_record
+        self._decision_record = options.decision_record
         self.decision_file: DecisionFile | None = None  # rank 0's record, during a run
         self._sync_queue: SyncQueue | None = None  # the synced logged values held until their hook ends, during a run
+
+    @classmethod
+    def _check_buildable(cls) -> None:
+        """Raise if the strategy cannot be built here (``PolicyDeepSpeedStrategy``: DeepSpeed is not installed)."""
 
     @property
     def checkpoint_policy(self) -> DecisionPolicy:
@@ -385,3 +382,21 @@ class PolicyStrategyMixin(_Strategy):
         if ranks.rank == 0 and agreed.record_dir is not None:  # the run's id: its namespace's
             self.decision_file = DecisionFile(agreed.record_dir, agreed.namespace.split("/")[1][:12])
         return agreed.namespace, agreed.peers
+
+
+PolicyStrategyMixin.__init__.__signature__ = mixin_signature(PolicyStrategyMixin.__init__)  # type: ignore[attr-defined]
+
+
+def _give_init(cls: type) -> None:
+    """Give a subclass that defines no ``__init__`` (nor any class between it and the mixin) one with its strategy's
+    signature and the options (:func:`~lightning_ext.strategies._options.init_for`)."""
+    mro = cls.__mro__
+    if PolicyStrategyMixin not in mro:
+        return
+    at = mro.index(PolicyStrategyMixin)
+    if any("__init__" in vars(klass) for klass in mro[:at]):
+        return
+    base = next((klass for klass in mro[at + 1 :] if "__init__" in vars(klass) and klass is not object), None)
+    init = None if base is None else init_for(cls, base)
+    if init is not None:
+        cls.__init__ = init  # type: ignore[misc]

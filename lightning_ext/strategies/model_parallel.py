@@ -1,15 +1,7 @@
 """``PolicyModelParallelStrategy``: Lightning's ``ModelParallelStrategy`` (FSDP2, TP) with the same additions."""
 
-from datetime import timedelta
-from typing import Literal
-
 from lightning.pytorch.strategies import ModelParallelStrategy
-from torch.distributed.constants import default_pg_timeout
 
-from lightning_ext._hang.guard import HangChecks, UnevenMode
-from lightning_ext._hang.stall import OnStall
-from lightning_ext.policies import PolicyLike
-from lightning_ext.rank_metrics import PerRankMetrics
 from lightning_ext.strategies.mixin import PolicyStrategyMixin
 
 __all__ = ["PolicyModelParallelStrategy"]
@@ -29,40 +21,3 @@ class PolicyModelParallelStrategy(PolicyStrategyMixin, ModelParallelStrategy):
         AggregatePolicy('min')
 
     """
-
-    def __init__(
-        self,
-        data_parallel_size: Literal["auto"] | int = "auto",
-        tensor_parallel_size: Literal["auto"] | int = "auto",
-        save_distributed_checkpoint: bool = True,
-        process_group_backend: str | None = None,
-        timeout: timedelta | None = default_pg_timeout,
-        *,
-        checkpoint_policy: PolicyLike = "all",
-        early_stopping_policy: PolicyLike = "any",
-        per_rank_metrics: bool | PerRankMetrics = False,
-        hang_checks: HangChecks = True,
-        uneven_batches: UnevenMode = "error",
-        check_unsized_loaders: bool = False,
-        decision_record: bool = True,
-        preemption_policy: PolicyLike | None = "any",
-        stall_timeout: float | str | None = "auto",
-        on_stall: OnStall = "error",
-    ) -> None:
-        super().__init__(
-            data_parallel_size=data_parallel_size,
-            tensor_parallel_size=tensor_parallel_size,
-            save_distributed_checkpoint=save_distributed_checkpoint,
-            process_group_backend=process_group_backend,
-            timeout=timeout,
-            checkpoint_policy=checkpoint_policy,
-            early_stopping_policy=early_stopping_policy,
-            per_rank_metrics=per_rank_metrics,
-            hang_checks=hang_checks,
-            uneven_batches=uneven_batches,
-            check_unsized_loaders=check_unsized_loaders,
-            decision_record=decision_record,
-            preemption_policy=preemption_policy,
-            stall_timeout=stall_timeout,
-            on_stall=on_stall,
-        )

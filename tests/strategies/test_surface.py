@@ -6,8 +6,10 @@ read from Lightning itself, never from lightning-ext.
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import inspect
+import re
 import textwrap
 from datetime import timedelta
 from pathlib import Path
@@ -40,18 +42,17 @@ from lightning_ext.strategies.deepspeed import PolicyDeepSpeedStrategy as _Polic
 
 DEEPSPEED_INSTALLED = importlib.util.find_spec("deepspeed") is not None
 needs_deepspeed = pytest.mark.skipif(not DEEPSPEED_INSTALLED, reason="DeepSpeed is not installed (GPU-only package)")
-MIXIN_OPTIONS = {
-    "checkpoint_policy": "all",
-    "early_stopping_policy": "any",
-    "per_rank_metrics": False,
-    "hang_checks": True,
-    "uneven_batches": "error",
-    "check_unsized_loaders": False,
-    "decision_record": True,
-    "preemption_policy": "any",
-    "stall_timeout": "auto",
-    "on_stall": "error",
-}
+STRATEGIES_DOC = Path(__file__).parents[2] / "docs" / "strategies.md"
+
+
+def _documented_options() -> dict[str, Any]:
+    """The options and their defaults as docs/strategies.md states them (the table after its marker comment)."""
+    text = STRATEGIES_DOC.read_text().split("<!-- the options:", 1)[1]
+    rows = re.findall(r"^\| `(\w+)` \| `([^`]*)` \|", text.split("\n\n", 1)[0], flags=re.MULTILINE)
+    return {name: ast.literal_eval(default) for name, default in rows}
+
+
+MIXIN_OPTIONS = _documented_options()
 PAIRS = [
     (PolicyDDPStrategy, DDPStrategy),
     (PolicyFSDPStrategy, FSDPStrategy),
@@ -80,6 +81,52 @@ def test_takes_every_base_argument_with_the_same_signature(ours: type, base: typ
     assert len(rest) == len(MIXIN_OPTIONS) + len(var_keyword) // 2
     mixin = inspect.signature(PolicyStrategyMixin.__init__).parameters
     assert {name: mixin[name].default for name in MIXIN_OPTIONS} == MIXIN_OPTIONS
+    assert [p.name for p in inspect.signature(ours).parameters.values()] == [p.name for p in mine]  # the class too
+
+
+def test_the_documented_options_are_every_option_of_the_mixin_and_its_docstring() -> None:
+    """The table in docs/strategies.md, the mixin's signature and its docstring's ``Args`` name the same options."""
+    assert len(MIXIN_OPTIONS) >= 10, MIXIN_OPTIONS  # the table was found and read
+    mixin = list(inspect.signature(PolicyStrategyMixin).parameters.values())
+    assert [p.kind for p in (mixin[0], mixin[-1])] == [inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD]
+    assert {p.name: p.default for p in mixin[1:-1]} == MIXIN_OPTIONS
+    assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in mixin[1:-1])
+    arguments = (PolicyStrategyMixin.__doc__ or "").split("Args:")[1].split("Raises:")[0]
+    documented = re.findall(r"^        (\w+): ", arguments, re.MULTILINE)
+    assert documented == list(MIXIN_OPTIONS)
+
+
+@pytest.mark.both_packages
+def test_a_user_strategy_without_an_init_gets_its_bases_signature_and_the_options() -> None:
+    class MyDDP(DDPStrategy):
+        def __init__(self, gradient_as_bucket_view: bool = True, timeout: timedelta = timedelta(minutes=5)) -> None:
+            super().__init__(timeout=timeout, gradient_as_bucket_view=gradient_as_bucket_view)
+
+    class PolicyMyDDP(PolicyStrategyMixin, MyDDP):  # type: ignore[misc]
+        pass
+
+    parameters = inspect.signature(PolicyMyDDP).parameters
+    assert {name: p.default for name, p in list(parameters.items())[:2]} == {
+        "gradient_as_bucket_view": True,
+        "timeout": timedelta(minutes=5),
+    }
+    assert {name: p.default for name, p in list(parameters.items())[2:]} == MIXIN_OPTIONS
+    strategy = PolicyMyDDP(False, timeout=timedelta(seconds=9), checkpoint_policy="majority")
+    assert strategy._ddp_kwargs["gradient_as_bucket_view"] is False and strategy._timeout == timedelta(seconds=9)
+    assert strategy.checkpoint_policy == Majority()
+    with pytest.raises(TypeError, match="unexpected keyword argument 'static_graph'"):
+        PolicyMyDDP(static_graph=True)
+
+
+def test_a_strategy_parameter_named_like_an_option_is_a_type_error_at_class_definition() -> None:
+    class Clashing(DDPStrategy):
+        def __init__(self, hang_checks: int = 0) -> None:
+            super().__init__()
+
+    with pytest.raises(TypeError, match=r"Clashing\.__init__ has a parameter named .hang_checks."):
+
+        class PolicyClashing(PolicyStrategyMixin, Clashing):  # type: ignore[misc]
+            pass
 
 
 @pytest.mark.both_packages
@@ -220,6 +267,31 @@ CLI_STRATEGIES = {
               k: 2
           per_rank_metrics: true
     """,
+    "ddp": """
+        class_path: lightning_ext.PolicyDDPStrategy
+        init_args:
+          start_method: spawn
+          find_unused_parameters: true
+          checkpoint_policy: mean
+          early_stopping_policy:
+            class_path: lightning_ext.Quorum
+            init_args:
+              k: 2
+          hang_checks: debug
+          stall_timeout: 30
+    """,
+    "user_ddp": """
+        class_path: tests.helpers.strategy_scenarios.PolicyTunedDDPStrategy
+        init_args:
+          start_method: spawn
+          static_graph: true
+          checkpoint_policy: mean
+          early_stopping_policy:
+            class_path: lightning_ext.Quorum
+            init_args:
+              k: 2
+          uneven_batches: truncate
+    """,
     "notebook_name": "ddp_notebook_majority",
 }
 
@@ -242,13 +314,22 @@ def test_lightning_cli_yaml_config(tmp_path: Path, kind: str) -> None:
         assert type(built) is PolicyModelParallelStrategy
         assert (built._data_parallel_size, built._tensor_parallel_size) == (2, 1)
         assert built._save_distributed_checkpoint is False
+    elif kind in ("ddp", "user_ddp"):
+        assert type(built).__name__ == {"ddp": "PolicyDDPStrategy", "user_ddp": "PolicyTunedDDPStrategy"}[kind]
+        assert built._start_method == "spawn"
+        given = {"find_unused_parameters": True} if kind == "ddp" else {"static_graph": True}
+        assert {name: built._ddp_kwargs[name] for name in given} == given  # DistributedDataParallel's, via **kwargs
+        expected = ("debug", "error") if kind == "ddp" else (True, "truncate")
+        assert (built.hang_checks, built.uneven_batches) == expected
+        assert built.stall_options.stall_timeout == (30 if kind == "ddp" else "auto")
     else:
         assert type(built) is PolicyDDPStrategy and built._start_method == "fork"
         assert built.checkpoint_policy == built.early_stopping_policy == Majority()
         return
-    assert built.checkpoint_policy == resolve_policy({"fsdp": "majority", "model_parallel": "mean"}[kind])
-    assert built.early_stopping_policy == {"fsdp": Quorum(0.75), "model_parallel": Quorum(2)}[kind]
-    assert built.per_rank_metrics is not None
+    policies = {"fsdp": "majority", "model_parallel": "mean", "ddp": "mean", "user_ddp": "mean"}
+    assert built.checkpoint_policy == resolve_policy(policies[kind])
+    assert built.early_stopping_policy == (Quorum(0.75) if kind == "fsdp" else Quorum(2))
+    assert (built.per_rank_metrics is not None) == (kind in ("fsdp", "model_parallel"))
 
 
 # ---- the mixin on a strategy it cannot work with -------------------------------------------------------------------
