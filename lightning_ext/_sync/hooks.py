@@ -2,12 +2,24 @@
 
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from typing import Any
+from typing import Any, Literal
 
 from lightning_ext._collective import is_world
 from lightning_ext._sync.queue import SyncQueue
 
-__all__ = ["active", "epoch_round", "hook_ended", "start", "stop", "value_syncing"]
+__all__ = ["LogSync", "active", "epoch_round", "hook_ended", "start", "stop", "validate_log_sync", "value_syncing"]
+
+LogSync = Literal["coalesced", "per_value"]
+
+
+def validate_log_sync(log_sync: Any) -> None:
+    """Raise ``ValueError`` naming a bad ``log_sync`` option (at construction, before any collective)."""
+    if log_sync not in ("coalesced", "per_value"):
+        raise ValueError(
+            f"log_sync must be 'coalesced' (the default: a hook's synced values sync together when it returns) or"
+            f" 'per_value' (stock Lightning's sync inside each self.log), got {log_sync!r}"
+        )
+
 
 _ACTIVE: SyncQueue | None = None
 UNCOALESCED = nullcontext()  # reusable: what the context managers below are when nothing coalesces

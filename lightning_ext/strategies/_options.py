@@ -13,6 +13,7 @@ from typing import Any, cast
 
 from lightning_ext._hang.guard import HangChecks, UnevenMode
 from lightning_ext._hang.stall import OnStall
+from lightning_ext._sync.hooks import LogSync
 from lightning_ext.policies import PolicyLike
 from lightning_ext.rank_metrics import PerRankMetrics
 
@@ -34,6 +35,7 @@ class StrategyOptions:
     preemption_policy: PolicyLike | None = "any"
     stall_timeout: float | str | None = "auto"
     on_stall: OnStall = "error"
+    log_sync: LogSync = "coalesced"
 
     @classmethod
     def take(cls, kwargs: dict[str, Any]) -> "StrategyOptions":

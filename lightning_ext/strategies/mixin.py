@@ -30,6 +30,7 @@ from lightning_ext._per_rank.telemetry import (
 )
 from lightning_ext._setup import checks as setup_checks
 from lightning_ext._sync import hooks as sync_hooks
+from lightning_ext._sync.hooks import LogSync
 from lightning_ext._sync.queue import SyncQueue
 from lightning_ext.policies import DecisionPolicy, resolve_policy
 from lightning_ext.rank_metrics import PerRankMetrics
@@ -76,6 +77,9 @@ class PolicyStrategyMixin(_Strategy):
             the stall report (``<log_dir>/stall_report.txt``) and the run ends with ``StallError``; ``"auto"``
             (default) reports shortly before the process group's timeout and ends the run only at it; ``None``: off.
         on_stall: ``"error"`` (default) or ``"report"`` (write the report, keep waiting).
+        log_sync: ``"coalesced"`` (default): the values a hook logs with ``sync_dist=True`` sync together when the
+            hook returns, in one all-reduce per reduce op and dtype (and an epoch-end round's values together);
+            ``"per_value"``: each value syncs inside its ``self.log``, as stock Lightning does (docs/hang-checks.md).
 
     Raises:
         TypeError: at construction, the class is not a ``ParallelStrategy``, or it overrides
@@ -106,6 +110,7 @@ class PolicyStrategyMixin(_Strategy):
         validate_options(options.hang_checks, options.uneven_batches, options.check_unsized_loaders)
         preemption = resolve_preemption_policy(options.preemption_policy)
         stall_options = StallOptions(options.stall_timeout, options.on_stall)  # raises on a bad option
+        sync_hooks.validate_log_sync(options.log_sync)
         _runtime.install()
         if not _runtime.seams_available():
             raise RuntimeError(
@@ -134,6 +139,7 @@ class PolicyStrategyMixin(_Strategy):
         )
         self._decision_record = options.decision_record
         self.decision_file: DecisionFile | None = None  # rank 0's record, during a run
+        self._log_sync = options.log_sync
         self._sync_queue: SyncQueue | None = None  # the synced logged values held until their hook ends, during a run
 
     @classmethod
@@ -159,6 +165,11 @@ class PolicyStrategyMixin(_Strategy):
     def hang_checks(self) -> HangChecks:
         """Whether the hang checks are on (``True``), off (``False``), or in ``"debug"`` mode."""
         return self._hang_guard.mode
+
+    @property
+    def log_sync(self) -> LogSync:
+        """How synced logged values sync: ``"coalesced"`` (per hook, together) or ``"per_value"`` (as stock)."""
+        return self._log_sync
 
     @property
     def preemption_policy(self) -> DecisionPolicy | None:
@@ -188,7 +199,7 @@ class PolicyStrategyMixin(_Strategy):
         super().setup_environment()
         namespace, peers = self._agree_at_set_up()
         self._hang_guard.start(self._rank(), self.world_size, namespace, self._trainer(), peers)
-        if _collective.is_initialized():
+        if self._log_sync == "coalesced" and _collective.is_initialized():
             self._sync_queue = SyncQueue(self._reduce_packed, self._hang_guard.check_pack)
             sync_hooks.start(self._sync_queue)
         setup_checks.start(setup_checks.SetupChecks(RankGroup.from_strategy(self), self._trainer()))
@@ -239,9 +250,7 @@ class PolicyStrategyMixin(_Strategy):
 
     @override
     def teardown(self) -> None:
-        if self._sync_queue is not None:
-            sync_hooks.stop()
-            self._sync_queue = None
+        self._stop_coalescing()
         self._hang_guard.unwatch_backward_passes(self)
         setup_checks.stop()
         try:
@@ -334,6 +343,7 @@ class PolicyStrategyMixin(_Strategy):
 
     def on_run_failure(self, error: BaseException) -> None:
         """The ``Trainer._run`` seam: a fit/validate/test raised on this rank (see :class:`HangGuard.on_failure`)."""
+        self._stop_coalescing()  # the values still held die with the run: Lightning's on_exception hooks follow
         self._hang_guard.on_failure(error, self._rank())
 
     def _check_one_package(self) -> None:
@@ -348,6 +358,11 @@ class PolicyStrategyMixin(_Strategy):
             parts += [(f"the callback {type(callback).__name__}", callback) for callback in trainer.callbacks]
             parts += [(f"the logger {type(logger).__name__}", logger) for logger in trainer.loggers]
         check_one_package(self._lightning_package, parts, type(self).__name__)
+
+    def _stop_coalescing(self) -> None:
+        if self._sync_queue is not None:
+            sync_hooks.stop()
+            self._sync_queue = None
 
     def _flush_rank_files(self) -> None:
         if self.rank_metrics_logger is not None:
@@ -373,6 +388,7 @@ class PolicyStrategyMixin(_Strategy):
             repr(self._decision_record),
             repr(guard.preemption_policy),
             repr(guard.stall_options),
+            repr(self._log_sync),
         )
         policies = (self._checkpoint_policy, self._early_stopping_policy, guard.preemption_policy)
         invalid = invalid_policies(*policies, world_size=self.world_size)
