@@ -79,7 +79,7 @@ class PolicyStrategyMixin(_Strategy):
         on_stall: ``"error"`` (default) or ``"report"`` (write the report, keep waiting).
         log_sync: ``"coalesced"`` (default): the values a hook logs with ``sync_dist=True`` sync together when the
             hook returns, in one all-reduce per reduce op and dtype (and an epoch-end round's values together);
-            ``"per_value"``: each value syncs inside its ``self.log``, as stock Lightning does (docs/hang-checks.md).
+            ``"per_value"``: each value syncs inside its ``self.log``, as stock Lightning does (docs/synced-logging.md).
 
     Raises:
         TypeError: at construction, the class is not a ``ParallelStrategy``, or it overrides

@@ -124,3 +124,128 @@ def fit(root: str, program: dict[str, Any], stock: bool, strategy_options: dict[
         "read_inside": module.read_inside,
         "csv": rows,
     }
+
+
+class _SyncCounter:
+    """Counts the calls that make the host wait for a device (``aten._local_scalar_dense``: ``item``, ``tolist``, a
+    tensor's truth value) under a ``TorchDispatchMode``, from one ``on_train_batch_end`` to a later one."""
+
+    def __init__(self) -> None:
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        counter = self
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+                if func is torch.ops.aten._local_scalar_dense.default:
+                    counter.count += 1
+                return func(*args, **(kwargs or {}))
+
+        self.mode, self.count = Mode(), 0
+
+
+class CountingCallback(L.Callback):
+    """Counts the host-device synchronizations of every training step from batch ``first`` to batch ``last``."""
+
+    def __init__(self, first: int, last: int) -> None:
+        self.first, self.last, self.counter = first, last, _SyncCounter()
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if batch_idx == self.first:
+            self.counter.mode.__enter__()
+        elif batch_idx == self.last:
+            self.counter.mode.__exit__(None, None, None)
+
+
+class FiveValues(L.LightningModule):
+    """Logs five synced float32 step values in ``training_step``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(2, 1)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        loss = self.layer(batch[0]).pow(2).mean()
+        for index in range(5):
+            self.log(f"value_{index}", loss.detach() * (index + 1), sync_dist=True)
+        return loss
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+def host_syncs_per_step(stock: bool, strategy_options: dict[str, Any] | None = None) -> float:
+    """The host-device synchronizations per training step of a fit that logs five synced values per step."""
+    from lightning_ext import PolicyDDPStrategy
+
+    first, last = 2, 12
+    counting = CountingCallback(first, last)
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=dist.get_world_size(),
+        strategy="ddp" if stock else PolicyDDPStrategy(**(strategy_options or {})),
+        max_steps=last + 2,
+        logger=False,
+        callbacks=[counting],
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(FiveValues(), DataLoader(TensorDataset(torch.randn(64, 2)), batch_size=2))
+    return counting.counter.count / (last - first)
+
+
+class NValues(L.LightningModule):
+    """Logs ``count`` synced float32 step values (``mean``) in ``training_step``."""
+
+    def __init__(self, count: int) -> None:
+        super().__init__()
+        self.count = count
+        self.layer = torch.nn.Linear(2, 1)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        loss = self.layer(batch[0]).pow(2).mean()
+        for index in range(self.count):
+            self.log(f"value_{index}", loss.detach() * (index + 1), sync_dist=True)
+        return loss
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+class CollectiveCounter(L.Callback):
+    """Counts the ``torch.distributed`` calls of the training group and the checks, from one batch end to another."""
+
+    def __init__(self, first: int, last: int) -> None:
+        from benchmarks.helpers.collectives import count_collectives
+
+        self.first, self.last = first, last
+        self.counting = count_collectives()
+        self.counts: dict[str, int] = {}
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if batch_idx == self.first:
+            self.counts = self.counting.__enter__()
+        elif batch_idx == self.last:
+            self.counting.__exit__(None, None, None)
+
+
+def collectives_per_step(stock: bool, count: int, strategy_options: dict[str, Any] | None = None) -> dict[str, float]:
+    """Collective calls per training step, by name, of a fit that logs ``count`` synced values per step."""
+    from lightning_ext import PolicyDDPStrategy
+
+    first, last = 2, 12
+    counting = CollectiveCounter(first, last)
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=dist.get_world_size(),
+        strategy="ddp" if stock else PolicyDDPStrategy(**(strategy_options or {})),
+        max_steps=last + 2,
+        logger=False,
+        callbacks=[counting],
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(NValues(count), DataLoader(TensorDataset(torch.randn(64, 2)), batch_size=2))
+    return {name: number / (last - first) for name, number in counting.counts.items()}
