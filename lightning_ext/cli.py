@@ -1,9 +1,7 @@
 """The ``lightning-ext`` command line (also ``python -m lightning_ext``); it imports neither Lightning nor torch."""
 
 import argparse
-import csv
 import importlib
-import io
 import json
 import os
 import sys
@@ -19,7 +17,7 @@ from lightning_ext._per_rank.decision_format import COLUMNS, changed_something, 
 from lightning_ext._per_rank.reader import ReadReport, Request, read_table
 from lightning_ext._per_rank.run_check import rank_ranges
 from lightning_ext._per_rank.spread import MetricSpread
-from lightning_ext._per_rank.spread_format import furthest_table, json_number, spread_records, spreads_csv, stats_table
+from lightning_ext._per_rank.spread_format import furthest_table, spread_records, spreads_csv, stats_table
 from lightning_ext._per_rank.straggler_format import (
     RULE,
     memory_lines,
@@ -28,6 +26,7 @@ from lightning_ext._per_rank.straggler_format import (
     stragglers_text,
 )
 from lightning_ext._per_rank.stragglers import phase_medians
+from lightning_ext._per_rank.summary_format import csv_text, json_value
 from lightning_ext.decision_record import read_record
 from lightning_ext.rank_metrics import DEFAULT_FILENAME, read_rank_hosts
 from lightning_ext.rank_spread import (
@@ -235,7 +234,7 @@ def _print_stragglers(args: argparse.Namespace, table: pd.DataFrame, report: Rea
             "ranks": int(table["rank"].nunique()),
             "samples_per_rank": samples,
             "rule": RULE,
-            "median_rank": {phase: json_number(seconds) for phase, seconds in medians.items()},
+            "median_rank": {phase: json_value(seconds) for phase, seconds in medians.items()},
             "stragglers": stragglers_records(found, hosts),
             "memory": [] if memory is None else _memory_records(memory),
             "incomplete": [{"rank": rank, "detail": why} for rank, why in sorted(report.incomplete.items())],
@@ -257,10 +256,7 @@ def _print_stragglers(args: argparse.Namespace, table: pd.DataFrame, report: Rea
 
 
 def _memory_records(memory: pd.DataFrame) -> list[dict[str, object]]:
-    return [
-        {key: json_number(value) if isinstance(value, float) else value for key, value in record.items()}
-        for record in memory.to_dict("records")
-    ]
+    return [{key: json_value(value) for key, value in record.items()} for record in memory.to_dict("records")]
 
 
 def _print_text(
@@ -353,11 +349,8 @@ def _run_decisions(args: argparse.Namespace) -> int:
         if args.format == "json":
             print(json.dumps([json_row(row) for row in rows], indent=1, ensure_ascii=False, allow_nan=False))
         elif args.format == "csv":
-            out = io.StringIO()
-            writer = csv.DictWriter(out, fieldnames=COLUMNS, lineterminator="\n")
-            writer.writeheader()
-            writer.writerows(record.cells[index] for index in chosen)  # as the file has them
-            print(out.getvalue(), end="")
+            cells = ([record.cells[index][name] for name in COLUMNS] for index in chosen)  # as the file has them
+            print(csv_text(COLUMNS, cells), end="")
         else:
             _print_story(args.log_dir, record, rows)
     except BrokenPipeError:  # `| head` closed the pipe

@@ -1,9 +1,6 @@
 """Every exception and warning class of lightning-ext, in one module."""
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from lightning_ext.patches._tool import SeriesReport
+from typing import Protocol
 
 __all__ = [
     "CrossRankError",
@@ -115,10 +112,22 @@ class PatchError(Exception):
     """A series that cannot be checked, applied or reverted as asked; the message (one line) says why."""
 
 
-class SeriesNotApplicableError(PatchError):
-    """A hunk fails, or a patch is partly in the target; nothing was written. ``report`` says which."""
+class SeriesJudgement(Protocol):
+    """What :class:`SeriesNotApplicableError` carries: a :class:`lightning_ext.patches.SeriesReport` (named by its
+    methods here, so that this module imports nothing of lightning-ext)."""
 
-    def __init__(self, action: str, report: "SeriesReport") -> None:
+    def summary(self) -> str:
+        """One line that says where the target stands."""
+
+    def format(self) -> str:
+        """The report as text, one line per hunk."""
+
+
+class SeriesNotApplicableError(PatchError):
+    """A hunk fails, or a patch is partly in the target; nothing was written. ``report`` (a
+    :class:`lightning_ext.patches.SeriesReport`) says which."""
+
+    def __init__(self, action: str, report: SeriesJudgement) -> None:
         super().__init__(f"refusing to {action}: {report.summary()}; nothing was written")
         self.report = report
 

@@ -89,12 +89,16 @@ class Target:
     met: bool
     interval: tuple[float, float] | None = None
 
-    def settled(self) -> str:
-        """``met`` or ``missed`` when the whole interval is on one side of the limit, else ``not settled``."""
+    def verdict(self) -> str:
+        """``met`` or ``**missed**`` by the value (a ratio's median); for a ratio, what its 95% interval says too:
+        wholly on the same side of the limit, or reaching across it (the run does not settle the target)."""
+        word = "met" if self.met else "**missed**"
         if self.interval is None or self.comparison != "<=":
-            return "met" if self.met else "missed"
+            return word
         low, high = self.interval
-        return "met" if high <= self.limit else "missed" if low > self.limit else "not settled"
+        if high <= self.limit or low > self.limit:
+            return f"{word} (the whole 95% interval {'under' if high <= self.limit else 'over'} the limit)"
+        return f"{word} by the median (the 95% interval reaches {'over' if self.met else 'under'} the limit)"
 
 
 # per-rank metrics may cost up to 3% of a step; telemetry at every step, 1% of the same run without it (issue targets)
@@ -259,14 +263,7 @@ def _verdict(row: Row, targets: list[Target]) -> str:
         if row.subject.endswith("_twin"):
             return "noise: stock against itself"
         return "diagnostic (CPU time)" if row.subject.startswith("training_step_cpu/") else ""
-    return "; ".join(f"{_short(t)} {_mark(t)}" for t in mine)
-
-
-def _mark(target: Target) -> str:
-    settled = target.settled()
-    if settled == "not settled":
-        return f"not settled (median {'under' if target.met else 'over'})"
-    return "met" if settled == "met" else "**missed**"
+    return "; ".join(f"{_short(t)} {t.verdict()}" for t in mine)
 
 
 def _short(target: Target) -> str:
@@ -346,7 +343,7 @@ def markdown(
             low, high = target.interval
             lines.append(
                 f"  - {target.where}: {target.value:.3f}, 95% interval {low:.3f}-{high:.3f} against {target.limit:g}:"
-                f" {target.settled()} by this run"
+                f" {target.verdict()}"
             )
     lines += ["", "## Notes", ""] + [f"- {note}" for note in metadata.get("notes", [])]
     return "\n".join(lines) + "\n"

@@ -3,13 +3,11 @@
 import contextlib
 import datetime
 import os
-import pickle
 import re
 import socket
 import sys
 import threading
 import time
-import uuid
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,15 +23,14 @@ from lightning_ext._hang.stall_end import (
     restore_child_observer,
 )
 from lightning_ext._hang.stall_facts import RankReport, checkpoint_work, collect, launched, liveness, progress_marks
-from lightning_ext._hang.watchdog import ErrorRecord, Watchdog, mail
+from lightning_ext._hang.watchdog import ANSWER_TIMEOUT, ErrorRecord, Watchdog, ask
 from lightning_ext.errors import is_joint
 
 __all__ = ["OnStall", "StallMonitor", "StallOptions", "introduction", "start"]
 
 OnStall = Literal["error", "report"]
 REPORT_NAME = "stall_report.txt"
-_ANSWER_TIMEOUT = 5.0  # seconds a rank on another host gets to answer
-_LOCAL_ANSWER_TIMEOUT = 2.0  # a rank on this host whose process exists
+_LOCAL_ANSWER_TIMEOUT = 2.0  # seconds a rank on this host whose process exists gets to answer (else ANSWER_TIMEOUT)
 _VERDICT_WAIT = 20.0  # seconds a rank whose collective failed waits for the reporting rank's verdict
 
 
@@ -122,7 +119,6 @@ class StallMonitor:
         self.period = min(30.0, max(0.25, thresholds.report_after / 10))
         self.record: ErrorRecord | None = None  # the stall error, once this rank knows it
         self._store = _collective.store_client(namespace)  # the monitor thread's own connection
-        self._answers = watchdog.thread_store  # the watchdog thread's, for its answers
         self._marks: tuple[Any, ...] = ()
         self._changed = time.monotonic()
         self._reported: tuple[float, str] | None = None  # (when, report path) of a stall this rank reported
@@ -131,14 +127,14 @@ class StallMonitor:
         self.ending = StallEnding(recorder, processes, flush, self._ended)
         self._lock = threading.Lock()
         self._inquiry = threading.Lock()  # the monitor thread and a failing training thread may both inquire
-        watchdog.handlers["stall"] = self._answer
+        watchdog.answers["stall"] = self._answer
         self._thread = threading.Thread(target=self._run, name=f"lightning-ext-stall-{self.rank}", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
         """End the thread, let go of the watchdog and of the checkpoint methods (teardown)."""
         self._ended.set()
-        self.watchdog.handlers.pop("stall", None)
+        self.watchdog.answers.pop("stall", None)
         checkpoint_work(self.recorder.trainer, None)
         restore_child_observer()
         if self._thread is not threading.current_thread():
@@ -286,16 +282,11 @@ class StallMonitor:
             else:
                 asked.append(rank)
                 local = local and state.alive is True
-        query = uuid.uuid4().hex
+        timeout = _LOCAL_ANSWER_TIMEOUT if local else ANSWER_TIMEOUT
+        answers = ask(self._store, asked, "stall", timeout)
         for rank in asked:
-            mail(self._store, rank, {"type": "stall", "id": query})
-        keys = {rank: f"stall/answer/{query}/{rank}" for rank in asked}
-        timeout = _LOCAL_ANSWER_TIMEOUT if local else _ANSWER_TIMEOUT
-        with contextlib.suppress(Exception):  # some did not answer in time: take the others
-            self._store.wait(list(keys.values()), datetime.timedelta(seconds=timeout))
-        for rank, key in keys.items():
-            if self._store.check([key]):
-                reports[rank] = pickle.loads(self._store.get(key))
+            if rank in answers:
+                reports[rank] = answers[rank]
                 continue
             pid, host = self.processes[rank]
             # asked while it was ending (a SIGKILL closes its sockets before its process is gone): look again
@@ -306,10 +297,9 @@ class StallMonitor:
                 reports[rank] = RankReport(rank, "silent", f"no answer in {timeout:g} s", pid, host)
         return [reports[rank] for rank in sorted(reports)]
 
-    def _answer(self, message: dict[str, str]) -> None:
-        """Another rank's inquiry (run by this rank's watchdog thread)."""
-        report = collect(self.recorder, self.since_progress(), self.host)
-        self._answers.set(f"stall/answer/{message['id']}/{self.rank}", pickle.dumps(report))
+    def _answer(self) -> RankReport:
+        """This rank's report, for another rank's inquiry (run by this rank's watchdog thread)."""
+        return collect(self.recorder, self.since_progress(), self.host)
 
     def _write(self, everyone: list[RankReport], summary: str, failure: BaseException | None) -> str:
         limits = self.thresholds

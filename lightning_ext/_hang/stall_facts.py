@@ -15,6 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import psutil
+
 from lightning_ext._hang.facts import Call, Facts, Recorder
 
 __all__ = ["Liveness", "RankReport", "checkpoint_work", "collect", "launched", "liveness", "progress_marks"]
@@ -167,12 +169,10 @@ def _process(pid: int) -> Liveness:
 
 
 def _is_zombie(pid: int) -> bool:
-    """Whether ``pid`` has exited but not been reaped (``False`` without psutil, which is not a dependency here)."""
+    """Whether ``pid`` has exited but not been reaped."""
     try:
-        import psutil
-
         return bool(psutil.Process(pid).status() == psutil.STATUS_ZOMBIE)
-    except Exception:
+    except psutil.Error:  # gone meanwhile, or not ours to look at
         return False
 
 
@@ -210,7 +210,7 @@ def _logged(trainer: Any) -> tuple[str, ...]:
 
 
 def _workers() -> tuple[str, ...]:
-    """This process's DataLoader workers (its multiprocessing children), with their state where psutil can tell."""
+    """This process's DataLoader workers (its multiprocessing children), with their state while they exist."""
     described = []
     try:
         children = multiprocessing.active_children()
@@ -218,9 +218,7 @@ def _workers() -> tuple[str, ...]:
         children = []
     for child in children:
         text = f"pid {child.pid} ({child.name})"
-        with contextlib.suppress(Exception):  # without psutil (not a dependency of its own), the pid and name only
-            import psutil
-
+        with contextlib.suppress(psutil.Error):  # a worker that ended meanwhile: its pid and name only
             process = psutil.Process(child.pid)
             times = process.cpu_times()
             text += f": {process.status()}, {times.user + times.system:.1f} s CPU"

@@ -12,11 +12,11 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any, NoReturn
 
-import torch
 from lightning.fabric.plugins.environments.slurm import SLURMEnvironment
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from lightning_ext import _collective
 from lightning_ext._hang import stop_checkpoint
 from lightning_ext._hang.facts import SignalConsumer
 from lightning_ext._hang.watchdog import Watchdog
@@ -159,13 +159,7 @@ class StopController:
 
     def _broadcast(self) -> None:
         """Lightning's ``_broadcast_sigterm_tensor`` (same tensor, same broadcast), carrying rank 0's decision."""
-        device = self.trainer.strategy.root_device
-        try:
-            flag = torch.tensor([self.decided if self.rank == 0 else 0], device=device)
-            torch.distributed.broadcast(flag, src=0)
-        except Exception:  # as stock: a broadcast that fails does not stop the run here
-            flag = torch.tensor([0], device=device)
-        number = int(flag.item())
+        number = _collective.broadcast_from_zero(self.decided, self.rank, self.trainer.strategy.root_device)
         if number and not self._loop._should_accumulate():  # the last batch ended its accumulation window
             self._stop(number)
 

@@ -15,9 +15,9 @@ from typing import Any
 from lightning_ext import _collective
 from lightning_ext._hang.facts import Facts, Recorder
 
-__all__ = ["ErrorRecord", "Watchdog", "mail"]
+__all__ = ["ANSWER_TIMEOUT", "ErrorRecord", "Watchdog", "ask", "mail"]
 
-_ANSWER_TIMEOUT = timedelta(seconds=5)
+ANSWER_TIMEOUT = 5.0  # seconds a rank's watchdog gets to answer a request (a rank on another host included)
 _STOP_WAIT = timedelta(seconds=10)
 _EXIT_WAIT = timedelta(seconds=2)
 _IDLE_WAIT = timedelta(hours=24)  # the thread sleeps in the store until mail arrives; stop() sends mail
@@ -63,8 +63,10 @@ class Watchdog:
         self._thread_store = _collective.store_client(namespace)  # the watchdog thread's, so it never blocks ours
         self._posted: ErrorRecord | None = None
         self.on_error: Callable[[], None] = _nothing  # set by the owner: what to do when an error is posted
-        # set by owners: the other mail this thread serves, by type (a stop request, a stall inquiry)
+        # set by owners: the other mail this thread serves, by type: notices (a stop request) ...
         self.handlers: dict[str, Callable[[dict[str, str]], None]] = {}
+        # ... and requests, answered with what the function returns (see ask): this rank's facts, its stall report
+        self.answers: dict[str, Callable[[], object]] = {"facts": recorder.snapshot}
         self._thread = threading.Thread(target=self._serve, name=f"lightning-ext-watchdog-{self.rank}", daemon=True)
         self._thread.start()
         _LIVE.add(self)
@@ -86,11 +88,6 @@ class Watchdog:
     def idle_clients(self) -> list[Any]:
         """Its store clients, once its thread has ended (for reuse by a later run: ``release_store_clients``)."""
         return [] if self._thread.is_alive() else [self._store, self._thread_store]
-
-    @property
-    def thread_store(self) -> Any:
-        """The watchdog thread's store client (for handlers, which run on that thread)."""
-        return self._thread_store
 
     def post(self, record: ErrorRecord) -> ErrorRecord:
         """Post ``record`` unless another error was posted first; wake every watchdog; return the error that won."""
@@ -132,16 +129,8 @@ class Watchdog:
 
     def facts_of(self, ranks: list[int]) -> dict[int, Facts]:
         """Ask the watchdogs of ``ranks`` for their facts (ranks that do not answer in time are left out)."""
-        query = uuid.uuid4().hex
-        for rank in ranks:
-            self._mail(rank, {"type": "query", "id": query})
-        keys = [f"answer/{query}/{rank}" for rank in ranks]
-        try:
-            self._store.wait(keys, _ANSWER_TIMEOUT)
-        except Exception:  # some did not answer in time: take the others
-            keys = [key for key in keys if self._store.check([key])]
-        answers = [pickle.loads(self._store.get(key)) for key in keys]
-        return {facts.rank: facts for facts in answers}
+        answers: dict[int, Facts] = ask(self._store, ranks, "facts", ANSWER_TIMEOUT)
+        return answers
 
     @property
     def store(self) -> object:
@@ -167,8 +156,10 @@ class Watchdog:
             number += 1
             if message["type"] == "stop":
                 return
-            if message["type"] == "query":
-                store.set(f"answer/{message['id']}/{self.rank}", pickle.dumps(self.recorder.snapshot()))
+            if message["type"] in self.answers:
+                with contextlib.suppress(Exception):  # no answer: the asker takes this rank as silent
+                    answer = pickle.dumps(self.answers[message["type"]]())
+                    store.set(f"answer/{message['id']}/{self.rank}", answer)
             elif message["type"] in self.handlers:
                 with contextlib.suppress(Exception):  # a diagnostic's failure must not end the watchdog
                     self.handlers[message["type"]](message)
@@ -185,6 +176,18 @@ def mail(store: Any, rank: int, message: dict[str, str]) -> None:
     """Put ``message`` in the mailbox of ``rank``'s watchdog, through ``store`` (a client under the run's namespace)."""
     number = store.add(f"mailbox/{rank}", 1)
     store.set(f"mail/{rank}/{number}", json.dumps(message))
+
+
+def ask(store: Any, ranks: list[int], kind: str, timeout: float) -> dict[int, Any]:
+    """Ask the watchdogs of ``ranks`` for their answer to a request of ``kind`` (``Watchdog.answers``), through
+    ``store``; wait up to ``timeout`` seconds and return the answers that came, by rank."""
+    request = uuid.uuid4().hex
+    for rank in ranks:
+        mail(store, rank, {"type": kind, "id": request})
+    keys = {rank: f"answer/{request}/{rank}" for rank in ranks}
+    with contextlib.suppress(Exception):  # some did not answer in time: take the others
+        store.wait(list(keys.values()), timedelta(seconds=timeout))
+    return {rank: pickle.loads(store.get(key)) for rank, key in keys.items() if store.check([key])}
 
 
 def _nothing() -> None:

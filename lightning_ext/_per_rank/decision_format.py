@@ -5,6 +5,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from lightning_ext._per_rank.summary_format import json_value
 from lightning_ext.errors import DecisionRecordError
 
 __all__ = ["COLUMNS", "FILENAME", "changed_something", "check_one_run", "decode_row", "encode_row", "json_row"]
@@ -169,13 +170,6 @@ def changed_something(row: dict[str, Any]) -> bool:
 
 
 def json_row(row: dict[str, Any]) -> dict[str, Any]:
-    """Strict JSON: NaN is null, infinities are the strings "inf" and "-inf"."""
-    return {name: _json_value(row[name]) for name in COLUMNS}
-
-
-def _json_value(value: Any) -> Any:
-    if isinstance(value, tuple):
-        return [_json_value(item) for item in value]
-    if isinstance(value, float) and not math.isfinite(value):
-        return None if math.isnan(value) else ("inf" if value > 0 else "-inf")
-    return None if value == "" else value
+    """Strict JSON (``summary_format.json_value``): NaN is null, infinities are the strings "inf" and "-inf"; an
+    empty cell is null."""
+    return {name: None if row[name] == "" else json_value(row[name]) for name in COLUMNS}

@@ -2,8 +2,6 @@
 
 import atexit
 import contextlib
-import sys
-import warnings
 from typing import Any
 
 from lightning.pytorch.loggers import Logger
@@ -12,9 +10,8 @@ from typing_extensions import override
 
 from lightning_ext._per_rank import local_values
 from lightning_ext._per_rank.csv_format import TELEMETRY
+from lightning_ext._per_rank.file_output import FileOutput
 from lightning_ext._per_rank.local_values import OMITTED, local_values_for
-from lightning_ext._per_rank.markers import SUFFIX, encode_marker, read_rank_marker, remove_markers, write_marker
-from lightning_ext._per_rank.storage import join, write_whole
 from lightning_ext._per_rank.writer import PerRankMetrics, RankMetricsWriter
 from lightning_ext.errors import RankMetricsWarning
 
@@ -22,8 +19,6 @@ __all__ = ["RankCSVLogger", "loggers_for"]
 
 
 _OPEN_WRITERS: dict[str, RankMetricsWriter] = {}
-_WRITTEN_HERE: set[str] = set()  # files this process wrote: a later fit/validate/test here continues them
-_STOPPED_HERE: set[str] = set()  # files whose output failed in this process: they stay stopped
 _NOTHING: dict[str, Any] = {}
 
 
@@ -43,12 +38,19 @@ class RankCSVLogger(Logger):
         self._rank = rank
         self._options = options or PerRankMetrics()
         self._pending: dict[str, Any] = _NOTHING
-        self._path = join(log_dir, self._options.filename.replace("{rank}", str(rank)))
+        self._output = FileOutput(
+            log_dir,
+            self._options.filename,
+            rank,
+            owner=f"Per-rank metrics of rank {rank}",
+            unit="row(s)",
+            warning=RankMetricsWarning,
+            aftermath="Training goes on; the other ranks' files are not affected.",
+        )
+        self._path = self._output.path
         self._writer: RankMetricsWriter | None = None
-        self._stopped = self._path in _STOPPED_HERE
         # trainer._results walks several properties; the collection it returns is fixed per (fn, stage): keep the last
         self._results: tuple[Any, Any, Any] = (None, None, None)
-        self.resume_from_step: int | None = None
         self.rows_logged = 0
 
     @property
@@ -79,7 +81,16 @@ class RankCSVLogger(Logger):
     @property
     def stopped(self) -> bool:
         """Whether this rank's output stopped after an error (see the module docstring)."""
-        return self._stopped
+        return self._output.stopped
+
+    @property
+    def resume_from_step(self) -> int | None:
+        """The logging step a resumed run starts from: later rows are dropped from the file (they are logged again)."""
+        return self._output.resume_from_step
+
+    @resume_from_step.setter
+    def resume_from_step(self, step: int | None) -> None:
+        self._output.resume_from_step = step
 
     @property
     def experiment(self) -> RankMetricsWriter:
@@ -93,25 +104,23 @@ class RankCSVLogger(Logger):
         """
         writer = self._writer if self._writer is not None else _OPEN_WRITERS.get(self._path)
         if writer is None:
-            resume = self.resume_from_step
-            if resume is None and self._path in _WRITTEN_HERE:
-                resume = sys.maxsize  # keep every row
-            marker = read_rank_marker(self._log_dir, self._options.filename, self._rank)
-            writer = RankMetricsWriter(
-                self._path, flush_every_n_rows=self._options.flush_every_n_rows, resume_from_step=resume
-            )
-            if self._options.telemetry:
-                writer.reserve(TELEMETRY)  # a user's metric named telemetry/... goes to metric:telemetry/...
-            _OPEN_WRITERS[self._path] = writer
-            _WRITTEN_HERE.add(self._path)
-            if marker is not None:
-                self._settle_marker(marker, resume, writer.rotated_to)
+            writer = self._output.open(self._new_writer, lambda opened: opened.rotated_to)
         self._writer = writer
+        return writer
+
+    def _new_writer(self, resume_from_step: int | None) -> RankMetricsWriter:
+        options = self._options
+        writer = RankMetricsWriter(
+            self._path, flush_every_n_rows=options.flush_every_n_rows, resume_from_step=resume_from_step
+        )
+        if options.telemetry:
+            writer.reserve(TELEMETRY)  # a user's metric named telemetry/... goes to metric:telemetry/...
+        _OPEN_WRITERS[self._path] = writer  # before the marker is settled: a failure there closes it (_stop)
         return writer
 
     def expect(self, trainer: Any, metrics: dict[str, Any]) -> None:
         """Remember the local counterparts of the synced values the connector is about to log."""
-        if self._stopped:
+        if self.stopped:
             return
         try:
             error = local_values.capture_error()
@@ -134,7 +143,7 @@ class RankCSVLogger(Logger):
 
     @override
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
-        if self._stopped:
+        if self.stopped:
             return
         pending, self._pending = self._pending, _NOTHING
         doing = "reading the local values"
@@ -163,7 +172,7 @@ class RankCSVLogger(Logger):
     def log_telemetry(self, row: dict[str, float | int], step: int) -> None:
         """Write one row of per-rank telemetry (``telemetry/*`` columns); a failure stops this rank's output as
         any row's would."""
-        if self._stopped:
+        if self.stopped:
             return
         try:
             writer = self._writer if self._writer is not None else self.experiment
@@ -187,7 +196,7 @@ class RankCSVLogger(Logger):
     def flush(self) -> None:
         """Write the buffered rows now, if the file was opened."""
         writer = _OPEN_WRITERS.get(self._path)
-        if writer is None or self._stopped:
+        if writer is None or self.stopped:
             return
         try:
             writer.flush()
@@ -196,11 +205,11 @@ class RankCSVLogger(Logger):
 
     def close(self) -> None:
         """Flush, sync and close this rank's file (the strategy's teardown calls it at the end of every stage)."""
-        if not self._stopped and (error := local_values.capture_error()) is not None:
+        if not self.stopped and (error := local_values.capture_error()) is not None:
             self._stop(error, "capturing a local value")
         writer = _OPEN_WRITERS.pop(self._path, None)
         self._writer = None
-        if writer is None or self._stopped:
+        if writer is None or self.stopped:
             return
         try:
             writer.close()
@@ -210,47 +219,15 @@ class RankCSVLogger(Logger):
 
     def _stop(self, error: Exception, doing: str) -> None:
         """Stop this rank's output: keep what can be kept, mark the file incomplete, warn once."""
-        self._stopped = True
-        _STOPPED_HERE.add(self._path)
         local_values.stop_capture()
         self._writer = None
         writer = _OPEN_WRITERS.pop(self._path, None)
-        rows, last_step = 0, None
-        if writer is not None:
-            with contextlib.suppress(Exception):
-                writer.close()  # the rows buffered before the error, if the file still takes them
-            rows, last_step = writer.rows_written, writer.last_step_written
-        reason = f"{type(error).__name__}: {error} (while {doing})"
-        try:
-            marker = write_marker(
-                self._log_dir,
-                self._options.filename,
-                self._rank,
-                file=self._path,
-                reason=reason,
-                rows_written=rows,
-                last_step=last_step,
-            )
-            recorded = f"is marked incomplete in {marker}"
-        except Exception as marker_error:
-            recorded = f"could not be marked incomplete either ({type(marker_error).__name__}: {marker_error})"
-        warnings.warn(
-            f"Per-rank metrics of rank {self._rank} stopped: {reason}. {self._path} keeps the {rows} row(s) written"
-            f" so far and {recorded}. Training goes on; the other ranks' files are not affected.",
-            RankMetricsWarning,
-            stacklevel=3,
-        )
 
-    def _settle_marker(self, marker: dict[str, Any], resume: int | None, rotated_to: str | None) -> None:
-        """A marker left by an earlier run: it moves with a rotated file, and goes once the file is whole again."""
-        last = marker.get("last_step")
-        if resume is None:
-            if rotated_to is not None:
-                write_whole(rotated_to + SUFFIX, encode_marker(marker))
-            remove_markers(self._log_dir, self._options.filename, self._rank)
-        elif isinstance(last, int) and resume < last:
-            # rows with step <= resume < last were all written, and the resumed run logs every later one again
-            remove_markers(self._log_dir, self._options.filename, self._rank)
+        def written() -> tuple[int, int | None]:
+            return (0, None) if writer is None else (writer.rows_written, writer.last_step_written)
+
+        # the rows buffered before the error, if the file still takes them
+        self._output.stop(error, doing, writer.close if writer is not None else lambda: None, written)
 
 
 def loggers_for(trainer: Any, metrics: dict[str, Any]) -> list[Logger]:

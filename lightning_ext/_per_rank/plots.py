@@ -10,14 +10,13 @@ import pandas as pd
 from numpy.typing import NDArray
 
 from lightning_ext._per_rank.csv_format import STEP_S
+from lightning_ext._per_rank.heatmap import draw_heatmap
 from lightning_ext._per_rank.spread import MAD_SCALE, MEAN_AD_SCALE, metric_names
 from lightning_ext._per_rank.time_plot import draw_time_row, is_time_column
 
 __all__ = [
     "BANDS",
     "CURVE_POINTS",
-    "HEATMAP_COLUMNS",
-    "HEATMAP_ROWS",
     "LINES",
     "draw",
     "furthest_over_the_run",
@@ -28,8 +27,6 @@ __all__ = [
 
 LINES = 8  # ranks drawn one line each; more get percentile bands
 CURVE_POINTS = 500  # points per curve, at most (runs of steps are averaged)
-HEATMAP_ROWS = 64  # beyond, a cell holds several ranks: a cell stays >= 5 px high, so one odd rank shows
-HEATMAP_COLUMNS = 600
 BANDS = (2.0, 3.5, 5.0, 10.0, 20.0)  # edges of the colours, in |robust z|; the last also caps |z|
 _ESCAPES = str.maketrans({"\n": "\\n", "\r": "\\r", "\t": "\\t"})
 
@@ -192,53 +189,27 @@ def step_z(matrix: NDArray[np.float64]) -> NDArray[np.float64]:
         return np.where(deviation == 0, 0.0, z)
 
 
-def _pooled(z: NDArray[np.float64], rows: int, columns: int) -> NDArray[np.float64]:
-    """``z`` in blocks of ``rows`` ranks x ``columns`` steps.
-
-    Over steps, the mean (a rank's noise averages out, a lasting deviation stays); over ranks, the rank mean furthest
-    from 0 (one odd rank in a block still shows), and missing if any rank of the block has no value there (a rank
-    that stopped still shows).
-    """
-    height, width = -(-z.shape[0] // rows), -(-z.shape[1] // columns)
-    padded = np.full((height * rows, width * columns), np.nan)
-    padded[: z.shape[0], : z.shape[1]] = z
-    with np.errstate(all="ignore"), warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # a rank without a value in a block of steps
-        means = np.nanmean(padded.reshape(height, rows, width, columns), axis=3)  # (blocks, rows, width)
-    real = (np.arange(height * rows) < z.shape[0]).reshape(height, rows)[..., None]
-    missing = (np.isnan(means) & real).any(axis=1)
-    size = np.where(np.isnan(means), -1.0, np.abs(means))
-    pick = np.argmax(size, axis=1)[:, None, :]
-    return np.where(missing, np.nan, np.take_along_axis(means, pick, axis=1)[:, 0, :])
-
-
 def _heatmap(
     figure: Any, axis: Any, ranks: NDArray[Any], steps: NDArray[Any], z: NDArray[np.float64], title: str
 ) -> None:
     from matplotlib import colormaps
     from matplotlib.colors import BoundaryNorm, ListedColormap
 
-    z = np.clip(z, -BANDS[-1], BANDS[-1])
-    rows, columns = -(-len(ranks) // HEATMAP_ROWS), -(-len(steps) // HEATMAP_COLUMNS)
-    image = _pooled(z, rows, columns) if rows > 1 or columns > 1 else z
     # one colour per band of |z|: white within the usual spread, darker the further out
     edges = [-value for value in BANDS[::-1]] + list(BANDS)
     shades = colormaps["RdBu_r"](np.linspace(0.0, 1.0, len(edges) - 1))
     shades[len(shades) // 2] = (1.0, 1.0, 1.0, 1.0)
     colours = ListedColormap(shades).with_extremes(bad="0.55")
-    first, last = (float(steps[0]), float(steps[-1])) if len(steps) else (0.0, 1.0)
-    shown = axis.imshow(
-        np.ma.masked_invalid(image),
-        aspect="auto",
-        interpolation="nearest",
+    draw_heatmap(
+        figure,
+        axis,
+        ranks,
+        steps,
+        np.clip(z, -BANDS[-1], BANDS[-1]),
+        title=f"{title}: robust z of each rank at each step",
+        pooled_ranks="ranks",
+        bar_label="robust z at the step; grey: no value",
         cmap=colours,
         norm=BoundaryNorm(edges, colours.N),
-        extent=(first - 0.5, last + 0.5, float(ranks[-1]) + 0.5, float(ranks[0]) - 0.5),
+        ticks=edges[1:-1],
     )
-    held = [f"{count} {what}" for count, what in ((rows, "ranks"), (columns, "steps")) if count > 1]
-    cell = f"; a cell: {' x '.join(held)}" if held else ""
-    axis.set_title(f"{title}: robust z of each rank at each step{cell}", fontsize=10)
-    axis.set_xlabel("step")
-    axis.set_ylabel("rank")
-    bar = figure.colorbar(shown, ax=axis, ticks=edges[1:-1])
-    bar.set_label("robust z at the step; grey: no value")

@@ -10,6 +10,7 @@ import pandas as pd
 __all__ = [
     "MAD_SCALE",
     "MEAN_AD_SCALE",
+    "OUTLIER",
     "MetricSpread",
     "RankValue",
     "Step",
@@ -23,6 +24,7 @@ Step = int | Literal["last"]
 NOT_METRICS = ("rank", "step", "epoch")
 MAD_SCALE = 0.6745  # the normal distribution's MAD in standard deviations: z is on the scale of a z-score
 MEAN_AD_SCALE = 0.7979  # the same for the mean absolute deviation, sqrt(2 / pi)
+OUTLIER = 3.5  # |robust z| beyond which a value is an outlier (Iglewicz and Hoaglin)
 
 
 @dataclass(frozen=True)

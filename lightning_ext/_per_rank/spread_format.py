@@ -1,17 +1,14 @@
 """The summary across ranks as text, JSON records or CSV."""
 
-import csv
-import io
-import math
 from typing import Any
 
 import pandas as pd
 
-from lightning_ext._per_rank.spread import MetricSpread, RankValue
+from lightning_ext._per_rank.spread import OUTLIER, MetricSpread, RankValue
+from lightning_ext._per_rank.summary_format import csv_text, json_value
 
-__all__ = ["OUTLIER", "furthest_table", "json_number", "spread_records", "spreads_csv", "stats_table"]
+__all__ = ["furthest_table", "spread_records", "spreads_csv", "stats_table"]
 
-OUTLIER = 3.5  # |robust z| beyond which a value is an outlier (Iglewicz and Hoaglin)
 _ESCAPES = str.maketrans({"\n": "\\n", "\r": "\\r", "\t": "\\t"})
 _SCALES = {"MAD": "MAD", "mean absolute deviation": "mean AD", "none": "none"}
 
@@ -57,14 +54,14 @@ def spread_records(spreads: list[MetricSpread]) -> list[dict[str, Any]]:
             "metric": spread.metric,
             "ranks": spread.ranks,
             "missing_ranks": list(spread.missing),
-            **{name: json_number(getattr(spread, name)) for name in ("min", "median", "max", "spread", "mad")},
+            **{name: json_value(getattr(spread, name)) for name in ("min", "median", "max", "spread", "mad")},
             "z_scale": spread.scale,
             "furthest": [
                 {
                     "rank": far.rank,
-                    "value": json_number(far.value),
+                    "value": json_value(far.value),
                     "step": far.step,
-                    "robust_z": json_number(far.robust_z),
+                    "robust_z": json_value(far.robust_z),
                 }
                 for far in spread.furthest
             ],
@@ -87,31 +84,17 @@ def spreads_csv(spreads: list[MetricSpread], *, top: int) -> str:
         loss,3,,1.0,1.0,9.0,8.0,0.0,mean absolute deviation,2,9.0,10,2.3937
 
     """
-    text = io.StringIO()
-    writer = csv.writer(text, lineterminator="\n")
     furthest = [f"furthest_{i}_{what}" for i in range(1, top + 1) for what in ("rank", "value", "step", "robust_z")]
-    writer.writerow(["metric", "ranks", "missing_ranks", "min", "median", "max", "spread", "mad", "z_scale", *furthest])
+    header = ["metric", "ranks", "missing_ranks", "min", "median", "max", "spread", "mad", "z_scale", *furthest]
+    rows = []
     for spread in spreads:
-        stats = [_exact(getattr(spread, name)) for name in ("min", "median", "max", "spread", "mad")]
+        stats = [getattr(spread, name) for name in ("min", "median", "max", "spread", "mad")]
         cells: list[object] = [spread.metric, spread.ranks, " ".join(map(str, spread.missing)), *stats, spread.scale]
         for index in range(top):
             far: RankValue | None = spread.furthest[index] if index < len(spread.furthest) else None
-            cells += ["", "", "", ""] if far is None else [far.rank, _exact(far.value), far.step, _exact(far.robust_z)]
-        writer.writerow(cells)
-    return text.getvalue()
-
-
-def json_number(value: float) -> float | str | None:
-    """A float for strict JSON: itself if finite, ``None`` for NaN, ``"inf"`` or ``"-inf"``."""
-    if math.isnan(value):
-        return None
-    if math.isinf(value):
-        return "inf" if value > 0 else "-inf"
-    return value
-
-
-def _exact(value: float) -> str:
-    return "" if math.isnan(value) else repr(float(value))
+            cells += [None] * 4 if far is None else [far.rank, far.value, far.step, far.robust_z]
+        rows.append(cells)
+    return csv_text(header, rows)
 
 
 def _fixed_width(frame: pd.DataFrame) -> str:

@@ -5,15 +5,14 @@ Example:
     42.3 ms 25 µs 3 GiB
 """
 
-import csv
-import io
 import math
 from typing import Any
 
 import pandas as pd
 
-from lightning_ext._per_rank.spread_format import json_number
-from lightning_ext._per_rank.stragglers import HOST_SHARE, MIN_SHARE, OUTLIER
+from lightning_ext._per_rank.spread import OUTLIER
+from lightning_ext._per_rank.stragglers import HOST_SHARE, MIN_SHARE
+from lightning_ext._per_rank.summary_format import csv_text, json_value
 
 __all__ = ["RULE", "duration", "memory_lines", "size", "stragglers_csv", "stragglers_records", "stragglers_text"]
 
@@ -105,7 +104,7 @@ def stragglers_records(found: pd.DataFrame, hosts: pd.DataFrame) -> list[dict[st
             "rank": int(record.rank),
             "host": _host(hosts, record.rank, missing=None),
             "phase": record.phase,
-            **{name: json_number(float(getattr(record, name))) for name in _NUMBERS},
+            **{name: json_value(float(getattr(record, name))) for name in _NUMBERS},
             "samples": int(record.samples),
         }
         for record in found.itertuples(index=False)
@@ -113,14 +112,14 @@ def stragglers_records(found: pd.DataFrame, hosts: pd.DataFrame) -> list[dict[st
 
 
 def stragglers_csv(found: pd.DataFrame, hosts: pd.DataFrame) -> str:
-    """One CSV row per (rank, phase) of the verdict; numbers exact (``repr``)."""
-    text = io.StringIO()
-    writer = csv.writer(text, lineterminator="\n")
-    writer.writerow(["rank", "host", "phase", *_NUMBERS, "samples"])
-    for record in found.itertuples(index=False):
-        numbers = [repr(float(getattr(record, name))) for name in _NUMBERS]
-        writer.writerow([record.rank, _host(hosts, record.rank, missing=""), record.phase, *numbers, record.samples])
-    return text.getvalue()
+    """One CSV row per (rank, phase) of the verdict (the summaries' one rule for numbers: ``summary_format``)."""
+    rows = [
+        [record.rank, _host(hosts, record.rank, missing=None), record.phase]
+        + [float(getattr(record, name)) for name in _NUMBERS]
+        + [record.samples]
+        for record in found.itertuples(index=False)
+    ]
+    return csv_text(["rank", "host", "phase", *_NUMBERS, "samples"], rows)
 
 
 _NUMBERS = ("seconds", "median", "ratio", "excess_s", "share", "robust_z")

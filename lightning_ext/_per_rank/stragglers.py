@@ -15,13 +15,12 @@ from lightning_ext._per_rank.csv_format import (
     STEP_S,
     WORKERS_RSS_BYTES,
 )
-from lightning_ext._per_rank.spread import robust_z
+from lightning_ext._per_rank.spread import OUTLIER, robust_z
 
-__all__ = ["HOST_SHARE", "MIN_SHARE", "OUTLIER", "VERDICT_PHASES", "find_stragglers", "host_memory", "phase_medians"]
+__all__ = ["HOST_SHARE", "MIN_SHARE", "VERDICT_PHASES", "find_stragglers", "host_memory", "phase_medians"]
 
 VERDICT_PHASES = {STEP_S: "step", DATA_WAIT_S: "data wait", FORWARD_S: "forward", OPTIMIZER_S: "optimizer"}
 RSS, WORKERS_RSS, HOST_USED = RSS_BYTES, WORKERS_RSS_BYTES, HOST_USED_BYTES
-OUTLIER = 3.5  # the summary's mark of an outlier (Iglewicz and Hoaglin)
 MIN_SHARE = 0.05  # a straggler's excess costs at least this share of the median step
 HOST_SHARE = 0.5  # "most of the host's memory"
 _STRAGGLER_COLUMNS = ["rank", "phase", "seconds", "median", "ratio", "excess_s", "share", "robust_z", "samples"]

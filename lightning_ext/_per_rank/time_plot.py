@@ -1,6 +1,5 @@
 """The ``--plot`` row of per-rank telemetry: where each batch's time goes, and each rank's own time per batch."""
 
-import warnings
 from typing import Any
 
 import numpy as np
@@ -16,6 +15,7 @@ from lightning_ext._per_rank.csv_format import (
     STEP_S,
     TELEMETRY,
 )
+from lightning_ext._per_rank.heatmap import draw_heatmap
 from lightning_ext._per_rank.stragglers import find_stragglers
 
 __all__ = ["OWN_TIME", "draw_time_row", "is_time_column", "own_time"]
@@ -25,7 +25,6 @@ _BARS = (
     *((DATA_WAIT_S, "data wait"), (FORWARD_S, "forward"), (BACKWARD_S, "backward")),
     *((OPTIMIZER_S, "optimizer"), (COLLECTIVES_S, "collectives")),
 )
-ROWS, COLUMNS = 64, 600  # beyond, a heatmap cell holds several ranks (the slowest shows) or steps (their mean)
 
 
 def is_time_column(name: str) -> bool:
@@ -72,36 +71,17 @@ def _own_time_heatmap(figure: Any, axis: Any, table: pd.DataFrame, ranks: NDArra
     from matplotlib.colors import LogNorm
 
     steps, matrix = own_time(table, ranks)
-    rows, columns = -(-len(ranks) // ROWS), -(-len(steps) // COLUMNS)
-    image = _pooled(matrix, rows, columns)
-    finite = image[np.isfinite(image) & (image > 0)]
-    norm = LogNorm(vmin=float(finite.min()), vmax=float(finite.max())) if len(finite) else None
-    first, last = (float(steps[0]), float(steps[-1])) if len(steps) else (0.0, 1.0)
-    shown = axis.imshow(
-        np.ma.masked_invalid(np.where(image > 0, image, np.nan)),
-        aspect="auto",
-        interpolation="nearest",
+    matrix = np.where(matrix > 0, matrix, np.nan)  # no time recorded: grey, as no row
+    finite = matrix[np.isfinite(matrix)]
+    draw_heatmap(
+        figure,
+        axis,
+        ranks,
+        steps,
+        matrix,
+        title="each rank's own time per batch: data wait + forward + optimizer",
+        pooled_ranks="ranks (the slowest)",
+        bar_label="seconds per batch; grey: no row",
         cmap="magma_r",
-        norm=norm,
-        extent=(first - 0.5, last + 0.5, float(ranks[-1]) + 0.5, float(ranks[0]) - 0.5),
+        norm=LogNorm(vmin=float(finite.min()), vmax=float(finite.max())) if len(finite) else None,
     )
-    held = [f"{count} {what}" for count, what in ((rows, "ranks (the slowest)"), (columns, "steps")) if count > 1]
-    cell = f"; a cell: {' x '.join(held)}" if held else ""
-    axis.set_title(f"each rank's own time per batch: data wait + forward + optimizer{cell}", fontsize=10)
-    axis.set_xlabel("step")
-    axis.set_ylabel("rank")
-    figure.colorbar(shown, ax=axis).set_label("seconds per batch; grey: no row")
-
-
-def _pooled(matrix: NDArray[np.float64], rows: int, columns: int) -> NDArray[np.float64]:
-    """Blocks of ``rows`` ranks x ``columns`` steps: the mean over steps, then the largest over ranks."""
-    if rows == 1 and columns == 1:
-        return matrix
-    height, width = -(-matrix.shape[0] // rows), -(-matrix.shape[1] // columns)
-    padded = np.full((height * rows, width * columns), np.nan)
-    padded[: matrix.shape[0], : matrix.shape[1]] = matrix
-    with np.errstate(all="ignore"), warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # a block without any value
-        means = np.nanmean(padded.reshape(height, rows, width, columns), axis=3)
-        pooled: NDArray[np.float64] = np.nanmax(means, axis=1)
-    return pooled

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from types import TracebackType
 
 from lightning_ext._per_rank.csv_format import STEP, check_metric_name, check_template, column_name
-from lightning_ext._per_rank.parted_file import PartedFile
-from lightning_ext._per_rank.storage import LocalFile, join, split_location
+from lightning_ext._per_rank.file_output import storage_for
+from lightning_ext._per_rank.storage import join
 
 __all__ = ["DEFAULT_FILENAME", "PerRankMetrics", "RankMetricsWriter", "rank_metrics_path"]
 
@@ -121,8 +121,7 @@ class RankMetricsWriter:
         self._columns: dict[str, str] = {}  # every metric name checked so far -> its column
         self._reserved_prefix: str | None = None
         self._closed = False
-        fs, where, local = split_location(self._path)
-        self._storage = LocalFile(where) if local else PartedFile(fs, where, fs.unstrip_protocol(where))
+        self._storage = storage_for(self._path)
         start = self._storage.start(resume_from_step)
         self._fieldnames = start.fieldnames  # the header now in the file; empty while the file has none
         self._rows_written = start.rows

@@ -121,6 +121,16 @@ def _run(policy: Any, devices: int, epochs: int, root: str, logger: bool = False
     )
     trainer.fit(model, train_dataloaders=_train_loader())
     trainer.strategy.barrier()  # every rank has closed its per-rank file before rank 0 reads them
+    ended = {
+        "saved at epochs": checkpoint.saved_epochs,
+        "stop epoch": stopping.stopped_epoch if trainer.should_stop else None,
+        "best checkpoint": checkpoint.best_model_path,
+        "epochs run": model.epochs_run,
+    }
+    everyone: list[Any] = [ended]
+    if torch.distributed.is_initialized():  # what each rank ended with, to compare them
+        everyone = [None] * torch.distributed.get_world_size()
+        torch.distributed.all_gather_object(everyone, ended)
     values: list[list[float]] | None = None
     if policy is not _STOCK and trainer.is_global_zero:
         table = read_rank_metrics(root).dropna(subset=["val_loss"])
@@ -133,7 +143,16 @@ def _run(policy: Any, devices: int, epochs: int, root: str, logger: bool = False
         "epochs_run": model.epochs_run,
         "best": os.path.basename(checkpoint.best_model_path),
         "rank": trainer.global_rank,
+        "differs": [text for what in ended if (text := _differs(what, [theirs[what] for theirs in everyone]))],
     }
+
+
+def _differs(what: str, values: list[Any]) -> str:
+    """``what`` and each rank's value (file names only) where the ranks ended differently, else ``""``."""
+    if all(value == values[0] for value in values):
+        return ""
+    shown = [os.path.basename(value) if isinstance(value, str) else value for value in values]
+    return f"{what} ({', '.join(f'rank {rank}: {value}' for rank, value in enumerate(shown))})"
 
 
 def _table(runs: dict[str, dict[str, Any]], devices: int, epochs: int) -> str:
@@ -168,6 +187,17 @@ def _table(runs: dict[str, dict[str, Any]], devices: int, epochs: int) -> str:
     return "\n".join(lines)
 
 
+def _agreement(runs: dict[str, dict[str, Any]]) -> str:
+    """What the ranks ended with, compared across ranks: which runs agree, and what differs in the others."""
+    differs = {name: run["differs"] for name, run in runs.items()}
+    same = [name for name, parts in differs.items() if not parts]
+    lines = ["", "checked across ranks (saved epochs, stop epoch, best checkpoint path, epochs run):"]
+    if same:
+        lines.append(f"  every rank ended the same in: {', '.join(same)}")
+    lines += [f"  {name}: the ranks differ in {'; '.join(parts)}" for name, parts in differs.items() if parts]
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         "python -m lightning_ext.demo",
@@ -197,8 +227,9 @@ def main(argv: list[str] | None = None) -> None:
         print(f"\nval_loss per rank (un-synced), and each run's decisions ({args.devices} CPU ranks, gloo):")
         print("  * = saved a new best checkpoint (save_top_k=1)   stop = EarlyStopping(patience=3) stopped all ranks")
         print("  'defaults' is PolicyDDPStrategy() (checkpoint 'all', early stopping 'any'); every other column uses")
-        print("  its policy for both decisions. Every rank of every run ended with the same decisions and paths.\n")
+        print("  its policy for both decisions.\n")
         print(_table(runs, args.devices, args.epochs))
+        print(_agreement(runs))
         defaults = runs["defaults"]["root"]
         print(f"\nspread across ranks of the 'defaults' run (lightning-ext ranks {defaults}):")
         print(format_spread(summarize_spread(read_rank_metrics(defaults), metrics=["val_loss"])))

@@ -246,7 +246,7 @@ def test_targets_are_marked_met_or_missed() -> None:
     }
 
 
-def test_a_step_target_is_settled_only_when_its_interval_is_on_one_side_of_the_limit() -> None:
+def test_a_step_target_is_met_or_missed_by_its_median_and_settled_only_when_its_interval_is_on_one_side() -> None:
     def step(ratio: float, interval: tuple[float, float]) -> Target:
         (target, _) = check_targets(
             [
@@ -256,10 +256,12 @@ def test_a_step_target_is_settled_only_when_its_interval_is_on_one_side_of_the_l
         )
         return target
 
-    assert step(1.01, (0.99, 1.02)).settled() == "met"
-    assert step(1.05, (1.04, 1.06)).settled() == "missed"
-    assert step(1.01, (0.95, 1.09)).settled() == "not settled"  # met by the point value, not by the run
+    assert step(1.01, (0.99, 1.02)).verdict() == "met (the whole 95% interval under the limit)"
+    assert step(1.05, (1.04, 1.06)).verdict() == "**missed** (the whole 95% interval over the limit)"
+    # met by the point value, not settled by the run
+    assert step(1.01, (0.95, 1.09)).verdict() == "met by the median (the 95% interval reaches over the limit)"
     assert step(1.01, (0.95, 1.09)).met
+    assert step(1.05, (0.98, 1.09)).verdict() == "**missed** by the median (the 95% interval reaches under the limit)"
 
 
 def test_the_ratio_interval_narrows_with_repeats_and_holds_the_true_median() -> None:

@@ -38,6 +38,12 @@ def test_demo_runs_every_policy_and_prints_the_table(tmp_path: Path) -> None:
     assert [column(row, "stock ddp") for row in rows] == [column(row, "defaults") for row in rows]
     best = dict(line.strip().split(": ") for line in out.split("best checkpoint per run:")[1].splitlines()[1:11])
     assert best["stock ddp"] == best["defaults"]
+    # what every rank ended with is compared across ranks, and said: every policy run agrees on every rank
+    checked = out.split("checked across ranks (saved epochs, stop epoch, best checkpoint path, epochs run):\n")[1]
+    agreeing = checked.splitlines()[0].removeprefix("  every rank ended the same in: ").split(", ")
+    assert set(agreeing) >= {"defaults", "majority", "quorum(2)", "mean", "min", "max"}, checked
+    if "stock ddp" not in agreeing:  # stock names each rank's checkpoint after its own val_loss
+        assert "stock ddp: the ranks differ in best checkpoint (rank 0: epoch=" in checked, checked
     assert "spread across ranks" in out
     # the straggler: with 2 ranks the rule singles out neither, and the demo shows rank 1's data wait against rank 0's
     waits = out.split("a straggler: rank 1's data loading made slow on purpose")[1].split("data wait per batch: ")[1]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import tempfile
 import warnings
@@ -14,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lightning_ext import DecisionRecordError, DecisionRecordWarning, read_decisions
-from lightning_ext._per_rank import decision_file
+from lightning_ext._per_rank import file_output
 from lightning_ext._per_rank.decision_file import DecisionFile
 
 HEADER = (
@@ -60,8 +61,8 @@ def cell_line(run: str, step: int, values: str = "0.5 0.75", votes: str = "1 0")
 @pytest.fixture(autouse=True)
 def fresh_process_state(monkeypatch: pytest.MonkeyPatch) -> None:
     """Each test is a new process as far as the record knows (no file written here before, none stopped)."""
-    monkeypatch.setattr(decision_file, "_WRITTEN_HERE", set())
-    monkeypatch.setattr(decision_file, "_STOPPED_HERE", set())
+    monkeypatch.setattr(file_output, "_WRITTEN_HERE", set())
+    monkeypatch.setattr(file_output, "_STOPPED_HERE", set())
 
 
 def test_each_decision_is_in_the_file_as_soon_as_it_is_recorded(tmp_path: Path) -> None:
@@ -89,7 +90,7 @@ def test_a_new_run_moves_an_earlier_record_aside_and_a_resumed_one_keeps_its_row
     assert list(read_decisions(tmp_path)["run"]) == ["new"]
     assert (tmp_path / "decisions.csv.1").read_text().count("old,") == 3  # nothing deleted
 
-    decision_file._WRITTEN_HERE.clear()  # another process resumes the run from step 1
+    file_output._WRITTEN_HERE.clear()  # another process resumes the run from step 1
     (tmp_path / "decisions.csv").write_text(HEADER + "\r\n" + "".join(cell_line("old", step) for step in (1, 2, 3)))
     resumed = DecisionFile(str(tmp_path), "resumed")
     resumed.resume_from_step = 2
@@ -118,6 +119,31 @@ def test_a_failure_warns_once_marks_the_record_incomplete_and_never_raises(tmp_p
         table = read_decisions(tmp_path)
     assert list(table["step"]) == [1]
     assert DecisionFile(str(tmp_path), "again").stopped  # stays stopped for the rest of the process
+    assert caught[0].filename == __file__  # the warning points at the caller of record(), not at lightning-ext
+
+
+def test_an_earlier_marker_goes_once_a_resumed_run_decides_every_missing_step_again(tmp_path: Path) -> None:
+    first = DecisionFile(str(tmp_path), "run1")
+    for step in (1, 2):
+        first.record(lambda step=step: row(step))
+    first._storage = None  # the file is gone from under the record: its next row fails
+
+    def broken() -> dict[str, Any]:
+        raise OSError("disk full")
+
+    with pytest.warns(DecisionRecordWarning):
+        first.record(broken)
+    marker = tmp_path / "decisions.csv.incomplete"
+    assert json.loads(marker.read_text())["last_step"] == 2
+
+    file_output._STOPPED_HERE.clear()  # another process resumes the run from step 1: steps 2... are decided again
+    file_output._WRITTEN_HERE.clear()
+    resumed = DecisionFile(str(tmp_path), "resumed")
+    resumed.resume_from_step = 1
+    resumed.record(lambda: row(2))
+    resumed.close()
+    assert not marker.exists()
+    assert list(read_decisions(tmp_path)["step"]) == [1, 2]
 
 
 def test_on_an_object_store_each_decision_is_a_part_merged_at_the_end() -> None:

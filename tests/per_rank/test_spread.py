@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from lightning_ext._per_rank import heatmap
 from lightning_ext._per_rank import plots as _rank_plots
 from lightning_ext.rank_spread import rank_values, robust_z, summarize_ranks
 
@@ -133,8 +134,8 @@ def test_the_plot_draws_bands_the_outlier_rank_and_a_heatmap_with_the_straggler_
 
 
 def test_the_heatmap_pools_many_ranks_without_losing_one(monkeypatch):
-    monkeypatch.setattr(_rank_plots, "HEATMAP_ROWS", 8)
-    monkeypatch.setattr(_rank_plots, "HEATMAP_COLUMNS", 10)
+    monkeypatch.setattr(heatmap, "HEATMAP_ROWS", 8)
+    monkeypatch.setattr(heatmap, "HEATMAP_COLUMNS", 10)
     figure = _rank_plots.draw(long_table(), metrics=["loss"])
     image = figure.axes[1].get_images()[0].get_array()
     assert image.shape == (8, 10)  # 5 ranks x 3 steps per cell
@@ -147,3 +148,41 @@ def test_few_ranks_get_a_line_each():
     figure = _rank_plots.draw(long_table(ranks=4), metrics=["loss", "acc"])
     assert [text.get_text() for text in figure.axes[0].get_legend().get_texts()] == [f"rank {r}" for r in range(4)]
     assert figure.axes[2].get_title().startswith("acc: each rank")
+
+
+def test_the_time_heatmap_pools_as_the_metrics_one_the_slowest_rank_and_a_stopped_one_show():
+    times = np.full((6, 4), 0.01)
+    times[4, :] = 0.5  # rank 4 is slow all along
+    times[1, 2:] = np.nan  # rank 1 has no rows after step 1
+    cells = heatmap.pooled(times, 3, 2)
+    assert cells.shape == (2, 2)
+    assert cells[1, 0] == cells[1, 1] == pytest.approx(0.5)  # the cell of ranks 3-5 shows the slow rank
+    assert cells[0, 0] == pytest.approx(0.01) and np.isnan(cells[0, 1])  # rank 1's stop shows
+
+
+def test_every_summary_writes_nan_as_an_empty_csv_cell_and_infinity_as_inf():
+    from lightning_ext._per_rank.spread import MetricSpread, RankValue
+    from lightning_ext._per_rank.spread_format import spreads_csv
+    from lightning_ext._per_rank.straggler_format import stragglers_csv
+
+    spread = MetricSpread(
+        "loss", 2, (), math.nan, 1.0, math.inf, math.nan, 0.0, "MAD", (RankValue(1, math.inf, 3, math.nan),)
+    )
+    assert spreads_csv([spread], top=1).splitlines()[1] == "loss,2,,,1.0,inf,,0.0,MAD,1,inf,3,"
+    found = pd.DataFrame(
+        [
+            {
+                "rank": 1,
+                "phase": "step",
+                "seconds": math.nan,
+                "median": 0.5,
+                "ratio": math.inf,
+                "excess_s": 0.25,
+                "share": math.nan,
+                "robust_z": -math.inf,
+                "samples": 4,
+            }
+        ]
+    )
+    hosts = pd.DataFrame({"host": ["node0"]}, index=[0])  # rank 1's host unknown: an empty cell too
+    assert stragglers_csv(found, hosts).splitlines()[1] == "1,,step,,0.5,inf,0.25,,-inf,4"

@@ -1,0 +1,250 @@
+"""The figures the README and the docs quote, written from one results file (``--update-docs``) or checked against it.
+
+A quoted figure sits between ``<!-- figure:NAME -->`` and ``<!-- /figure -->`` in a Markdown file; :data:`FIGURES`
+says how each is written from the results. The results' own Markdown file is written again from their JSON as well.
+"""
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from benchmarks.comm.report import Row, Target, markdown
+from benchmarks.comm.row_cost import RecordCost, RowCost, Spread
+from benchmarks.comm.stall_cost import StallCost
+from benchmarks.comm.sync_cost import SyncCost
+
+__all__ = ["FIGURES", "RESULTS", "Results", "load", "main", "rendered", "stale"]
+
+REPO = Path(__file__).resolve().parents[2]
+RESULTS = REPO / "benchmarks" / "results" / "cpu-2core-x86_64.json"
+QUOTING = ("README.md", "docs/*.md", "benchmarks/README.md")  # the files that may quote figures
+BLOCK = re.compile(r"(<!-- figure:(?P<name>[a-z0-9-]+) -->)(?P<text>.*?)(<!-- /figure -->)", re.DOTALL)
+
+
+@dataclass(frozen=True)
+class Results:
+    """One results file, read back into the benchmark's own types."""
+
+    metadata: dict[str, Any]
+    rows: list[Row]
+    targets: list[Target]
+    costs: list[RowCost]
+    syncs: list[SyncCost]
+    records: list[RecordCost]
+    stalls: list[StallCost]
+
+    def row(self, subject: str, world_size: int = 2) -> Row:
+        return next(row for row in self.rows if (row.subject, row.world_size) == (subject, world_size))
+
+    def target(self, subject: str, name: str = "training step") -> Target:
+        return next(t for t in self.targets if t.where.endswith(f" {subject}") and t.name.startswith(name))
+
+    def markdown(self) -> str:
+        """The results' Markdown file, as the benchmark writes it."""
+        parts = (self.rows, self.targets, self.metadata, self.costs, self.syncs, self.records, self.stalls)
+        return markdown(*parts)
+
+
+def _typed(kind: type, data: dict[str, Any]) -> Any:
+    """``kind`` from its JSON: ``{median, low, high}`` objects become :class:`Spread`, lists tuples."""
+
+    def value(item: Any) -> Any:
+        if isinstance(item, dict) and set(item) == {"median", "low", "high"}:
+            return Spread(**item)
+        if isinstance(item, dict):
+            return {key: value(inner) for key, inner in item.items()}
+        return tuple(item) if isinstance(item, list) else item
+
+    names = {field.name for field in fields(kind)}
+    return kind(**{key: value(item) for key, item in data.items() if key in names})
+
+
+def load(path: Path = RESULTS) -> Results:
+    """The results file at ``path`` (its JSON)."""
+    document = json.loads(path.read_text(encoding="utf-8"))
+    return Results(
+        document["metadata"],
+        [_typed(Row, row) for row in document["rows"]],
+        [_typed(Target, target) for target in document["targets"]],
+        [_typed(RowCost, cost) for cost in document["per_rank_cost"]],
+        [_typed(SyncCost, cost) for cost in document["sync_point"]],
+        [_typed(RecordCost, cost) for cost in document["record_cost"]],
+        [_typed(StallCost, cost) for cost in document["stall_cost"]],
+    )
+
+
+# ---- the figures ---------------------------------------------------------------------------------------------------
+def _us(value: float) -> str:
+    return f"{value:.1f} µs" if value < 100 else f"{value:,.0f} µs"
+
+
+def _ratio(row: Row) -> str:
+    if row.ratio_interval is None:
+        return f"{row.ratio_to_stock:.3f}"
+    return f"{row.ratio_to_stock:.3f} ({row.ratio_interval[0]:.2f}-{row.ratio_interval[1]:.2f})"
+
+
+def _span(values: list[float], form: str = "{:.2f}") -> str:
+    low, high = form.format(min(values)), form.format(max(values))
+    return low if low == high else f"{low}-{high}"
+
+
+def _decisions(results: Results, world_size: int) -> list[Row]:
+    return [row for row in results.rows if row.is_policy and row.world_size == world_size]
+
+
+_STEP_ROWS = (  # the README's table: what, the subject, the target's words
+    ("training step, stock against itself, 1 synced value (`stock_twin`)", "stock_twin", None),
+    ("training step, `per_rank_metrics=True` (checks off)", "per_rank_metrics", "≤ {limit:.2f}"),
+    ("training step, telemetry at every step, against the same run without it", "telemetry", "≤ {limit:.2f}"),
+    ("training step, the stall report on, against the same run with it off", "stall_report", "within the twin's noise"),
+    ("training step, default hang checks, 1 synced value", "hang_checks", "within the twin's noise (≤ {limit:.3f})"),
+    ("training step, stock against itself, 5 synced values", "stock_5_synced_twin", None),
+    (
+        "training step, default hang checks, 5 synced values",
+        "hang_checks_5_synced",
+        "within the twin's noise (≤ {limit:.3f})",
+    ),
+)
+
+
+def _benchmark_table(results: Results) -> str:
+    decisions = [row for row in results.rows if row.is_policy]
+    latency = [t for t in results.targets if t.name == "decision latency vs stock"]
+    met = "met" if all(t.met for t in latency) else "**missed**"
+    sizes = " and ".join(str(size) for size in sorted({row.world_size for row in decisions}))
+    lines = [
+        "| what | ratio to stock (95% interval) | target |",
+        "|---|---:|---|",
+        f"| a checkpoint or early-stopping decision, any policy, {sizes} ranks"
+        f" | {_span([row.ratio_to_stock for row in decisions])} | ≤ {latency[0].limit:.2f}, {met} |",
+    ]
+    for what, subject, words in _STEP_ROWS:
+        row = results.row(f"training_step/{subject}")
+        if words is None:
+            lines.append(f"| {what} | {_ratio(row)} | (noise) |")
+            continue
+        target = results.target(f"training_step/{subject}")
+        lines.append(f"| {what} | {_ratio(row)} | {words.format(limit=target.limit)}, {target.verdict()} |")
+    return "\n" + "\n".join(lines) + "\n"
+
+
+def _decision_costs(results: Results) -> str:
+    parts = []
+    for size in sorted({row.world_size for row in results.rows if row.is_policy}):
+        policies = _decisions(results, size)
+        stock = [results.row(f"{path}/stock", size).median_us for path in ("checkpoint", "early_stopping")]
+        parts.append(
+            f"at {size} ranks a policy decision's median was {_span([row.ratio_to_stock for row in policies])}x"
+            f" stock's ({_span([row.median_us for row in policies], '{:,.0f}')} µs against"
+            f" {_span(stock, '{:,.0f}')} µs), each rank receiving {policies[0].received_bytes:g} bytes"
+        )
+    records = "; ".join(
+        f"{cost.session}: {_us(cost.cpu_us.median)} (90th percentile {_us(cost.p90_us)}, median over {cost.rows:,})"
+        for cost in results.records
+    )
+    return f"{'; '.join(parts)}. One record row cost rank 0, in CPU time, {records}"
+
+
+def _hang_checks_table(results: Results) -> str:
+    def cell(subject: str) -> str:
+        row, cpu = results.row(f"training_step/{subject}"), results.row(f"training_step_cpu/{subject}")
+        low, high = row.ratio_interval or (row.ratio_to_stock, row.ratio_to_stock)
+        return f"{row.ratio_to_stock:.3f}, {low:.2f}-{high:.2f} ({cpu.ratio_to_stock:.3f})"
+
+    extra = results.syncs[0].extra_us
+    lines = [
+        "| configuration | 1 synced value per step | 5 synced values per step |",
+        "|---|---:|---:|",
+        f"| stock against itself (`stock_twin`) | {cell('stock_twin')} | {cell('stock_5_synced_twin')} |",
+        f"| default checks | {cell('hang_checks')} | {cell('hang_checks_5_synced')} |",
+        f'| `hang_checks="debug"` | {cell("hang_checks_debug")} | |',
+        "| time lining the ranks up, checks against stock's barriers, per synced value (paired fit by fit) |"
+        f" {extra['hang_checks'].median:+.0f} µs | {extra['hang_checks_5_synced'].median:+.0f} µs |",
+    ]
+    return "\n" + "\n".join(lines) + "\n"
+
+
+def _cost(results: Results) -> RowCost:
+    return results.costs[0]
+
+
+def _measured(results: Results, name: str) -> Spread:
+    """A telemetry figure of the per-rank cost (``sample_cpu_us``, ``memory_cpu_us``): the run must have it."""
+    spread: Spread | None = getattr(_cost(results), name)
+    if spread is None:
+        raise ValueError(f"the results file has no {name}: it comes from a run without telemetry")
+    return spread
+
+
+FIGURES: dict[str, Callable[[Results], str]] = {
+    "date": lambda results: results.metadata["date"][:10],
+    "repeats": lambda results: str(results.metadata["counts"]["repeats"]),
+    "stock-step": lambda results: f"{results.row('training_step/stock').median_us / 1000:.1f} ms",
+    "benchmark-table": _benchmark_table,
+    "row-cpu": lambda results: _us(_cost(results).row_cpu_us.median),
+    "sample-cpu": lambda results: _us(_measured(results, "sample_cpu_us").median),
+    "sample-share": lambda r: f"{_measured(r, 'sample_cpu_us').median / _cost(r).per_rank_step_us:.2%}",
+    "memory-cpu": lambda results: _us(_measured(results, "memory_cpu_us").median),
+    "memory-cpu-range": lambda r: (
+        f"{_measured(r, 'memory_cpu_us').low:.0f}-{_measured(r, 'memory_cpu_us').high:.0f} µs"
+    ),
+    "telemetry-step": lambda results: f"{_cost(results).per_rank_step_us / 1000:.1f} ms",
+    "stall-cpu": lambda results: _us(results.stalls[0].cpu_us.median),
+    "stall-share": lambda results: f"{results.stalls[0].cpu_us.median / results.stalls[0].step_us:.2%}",
+    "stall-step": lambda results: f"{results.stalls[0].step_us / 1000:.1f} ms",
+    "record-cpu": lambda results: f"{_span([cost.cpu_us.median for cost in results.records], '{:.0f}')} µs",
+    "decision-costs": _decision_costs,
+    "sync-1": lambda r: _signed(r.syncs[0].extra_us["hang_checks"].median),
+    "sync-5": lambda r: _signed(r.syncs[0].extra_us["hang_checks_5_synced"].median),
+    "cpu-5": lambda r: f"{r.row('training_step_cpu/hang_checks_5_synced').ratio_to_stock - 1:.0%}",
+    "step-5": lambda r: f"{r.row('training_step/stock_5_synced').median_us / 1000:.0f} ms",
+    "hang-checks-table": _hang_checks_table,
+}
+
+
+def _signed(micros: float) -> str:
+    return f"{abs(micros):.0f} µs {'less' if micros < 0 else 'more'}"
+
+
+# ---- the files -----------------------------------------------------------------------------------------------------
+def quoting(repo: Path = REPO) -> Iterator[Path]:
+    """The Markdown files that may quote figures."""
+    for pattern in QUOTING:
+        yield from sorted(repo.glob(pattern))
+
+
+def rendered(text: str, results: Results) -> str:
+    """``text`` with every figure block written from ``results``; an unknown figure name raises ``KeyError``."""
+    return BLOCK.sub(lambda m: m.group(1) + FIGURES[m.group("name")](results) + m.group(4), text)
+
+
+def stale(repo: Path = REPO, results_path: Path = RESULTS) -> list[Path]:
+    """The files whose figures (or, for the results' Markdown file, whose content) disagree with the results."""
+    results = load(results_path)
+    found = [path for path in quoting(repo) if rendered(path.read_text("utf-8"), results) != path.read_text("utf-8")]
+    page = results_path.with_suffix(".md")
+    return found + ([page] if page.read_text("utf-8") != results.markdown() else [])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.comm.figures", description=__doc__)
+    parser.add_argument("--results", type=Path, default=RESULTS, help="the results file (its JSON)")
+    parser.add_argument("--update-docs", action="store_true", help="write the figures; else only say what differs")
+    args = parser.parse_args(argv)
+    results, paths, page = load(args.results), stale(REPO, args.results), args.results.with_suffix(".md")
+    for path in paths:
+        if args.update_docs:
+            text = results.markdown() if path == page else rendered(path.read_text("utf-8"), results)
+            path.write_text(text, encoding="utf-8")
+        print(f"{'wrote' if args.update_docs else 'differs from the results'}: {path.relative_to(REPO)}")
+    return 0 if args.update_docs or not paths else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
