@@ -134,7 +134,7 @@ class HangGuard:
         if self.recorder is not None:
             self.recorder.watch_signals()
         if self.preemption is not None:
-            self.preemption.attach()  # in a fit, the stop rides on Lightning's per-step broadcast
+            self.preemption.attach()  # in a fit, in place of Lightning's per-step broadcast
 
     def watch_backward_passes(self, strategy: Any) -> None:
         """Note when ``strategy``'s rank is in an autograd backward pass, and whether DDP all-reduces its gradients.

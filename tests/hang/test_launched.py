@@ -58,7 +58,12 @@ EXPECTED: dict[str, tuple[str, str, tuple[str, ...], int]] = {
         "ours",
         "DivergentLoggingError",
         # the hook's synced values are checked together when it returns: rank 1's lack the key
-        ("'rank_zero_only_loss'", "training_step", "hang_scenarios.py:", "synced on rank(s) [0] but not on rank(s) [1]"),
+        (
+            "'rank_zero_only_loss'",
+            "training_step",
+            "hang_scenarios.py:",
+            "synced on rank(s) [0] but not on rank(s) [1]",
+        ),
         1,
     ),
     "log_dict_keys_differ": ("ours", "DivergentLoggingError", ("'part_0'", "'part_1'", "training_step"), 0),

@@ -30,7 +30,7 @@ def program() -> dict[str, Any]:
         }
         for how in ("mean", "max")
     ]
-    return {"epochs": 1, "batches": 2, "training_step": keys, **dict.fromkeys(_OTHER_HOOKS, [])}
+    return {"epochs": 1, "batches": 2, "training_step": keys, **{hook: [] for hook in _OTHER_HOOKS}}
 
 
 _OTHER_HOOKS = ("on_train_batch_end", "callback_on_train_batch_end", "validation_step")
