@@ -63,6 +63,7 @@ def main() -> None:
         trainer.fit(model, DataLoader(data, batch_size=4))
     except Exception as error:
         outcome = {"error": type(error).__name__, "message": str(error).splitlines()[0]}
+        print(f"rank {trainer.global_rank}: {outcome['error']}: {outcome['message']}", file=sys.stderr, flush=True)
     if trainer.global_rank == 0:
         outcome["losses"] = module.losses
         with open(os.path.join(out, "outcome.json"), "w") as handle:
