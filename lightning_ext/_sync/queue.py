@@ -1,10 +1,7 @@
-"""``SyncQueue``: a rank's synced logged values, synced together at the points every rank reaches.
+"""``SyncQueue``: a rank's synced logged values, synced together at points every rank reaches (docs/synced-logging.md).
 
-Stock Lightning syncs each ``self.log(..., sync_dist=True)`` value on the spot, inside ``self.log``: a barrier and an
-all-reduce per value. Here a step value is held until the hook that logged it returns, and an epoch-end round's values
-until the round starts; then each reduce op and dtype costs one all-reduce of the packed values, through Lightning's
-own ``strategy.reduce``. Every rank reaches those points in the same order (Lightning runs the same loops on every
-rank), so the packs pair up; the hang checks verify that before each pack (``before_pack``).
+A step value is held until the hook that logged it returns, an epoch round's values until the round starts; then one
+all-reduce per reduce op and dtype syncs them, through Lightning's own ``strategy.reduce``, after the group's check.
 """
 
 import math

@@ -14,7 +14,13 @@ from lightning_ext._decisions import checkpoint, early_stopping
 from lightning_ext._hang.guard import HangChecks, HangGuard, UnevenMode, validate_options
 from lightning_ext._hang.stall import StallOptions
 from lightning_ext._hang.stop import resolve_preemption_policy
-from lightning_ext._packages.choice import Package, check_one_package, package_of, strategy_for_other_package
+from lightning_ext._packages.choice import (
+    Package,
+    check_one_package,
+    package_of,
+    parts_of_run,
+    strategy_for_other_package,
+)
 from lightning_ext._per_rank import local_values
 from lightning_ext._per_rank.decision_file import DecisionFile
 from lightning_ext._per_rank.logger import RankCSVLogger, loggers_for
@@ -36,7 +42,7 @@ from lightning_ext.policies import DecisionPolicy, resolve_policy
 from lightning_ext.rank_metrics import PerRankMetrics
 from lightning_ext.strategies import _compat, _runtime
 from lightning_ext.strategies._class_checks import check_base, check_order
-from lightning_ext.strategies._options import StrategyOptions, init_for, mixin_signature
+from lightning_ext.strategies._options import StrategyOptions, give_init, mixin_signature
 from lightning_ext.strategies._set_up import agree, invalid_policies
 
 __all__ = ["PolicyStrategyMixin"]
@@ -99,7 +105,7 @@ class PolicyStrategyMixin(_Strategy):
         check_order(
             cls, PolicyStrategyMixin
         )  # here, because with the mixin after the strategy, its __init__ would not run to check it
-        _give_init(cls)
+        give_init(cls, PolicyStrategyMixin)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:  # its signature: the options' (below the class)
         self._check_buildable()
@@ -348,16 +354,7 @@ class PolicyStrategyMixin(_Strategy):
 
     def _check_one_package(self) -> None:
         """Raise if the run holds objects of the other Lightning package (they would escape the seams silently)."""
-        trainer = self._trainer()
-        parts: list[tuple[str, object]] = [("the accelerator", self.accelerator)]
-        parts += [("the precision plugin", self.precision_plugin)]
-        parts += [("the cluster environment", self.cluster_environment), ("the checkpoint IO", self._checkpoint_io)]
-        if trainer is not None:
-            parts += [("the Trainer", trainer), ("the LightningModule", trainer.lightning_module)]
-            parts += [("the datamodule", trainer.datamodule)] if trainer.datamodule is not None else []
-            parts += [(f"the callback {type(callback).__name__}", callback) for callback in trainer.callbacks]
-            parts += [(f"the logger {type(logger).__name__}", logger) for logger in trainer.loggers]
-        check_one_package(self._lightning_package, parts, type(self).__name__)
+        check_one_package(self._lightning_package, parts_of_run(self, self._trainer()), type(self).__name__)
 
     def _stop_coalescing(self) -> None:
         if self._sync_queue is not None:
@@ -401,18 +398,3 @@ class PolicyStrategyMixin(_Strategy):
 
 
 PolicyStrategyMixin.__init__.__signature__ = mixin_signature(PolicyStrategyMixin.__init__)  # type: ignore[attr-defined]
-
-
-def _give_init(cls: type) -> None:
-    """Give a subclass that defines no ``__init__`` (nor any class between it and the mixin) one with its strategy's
-    signature and the options (:func:`~lightning_ext.strategies._options.init_for`)."""
-    mro = cls.__mro__
-    if PolicyStrategyMixin not in mro:
-        return
-    at = mro.index(PolicyStrategyMixin)
-    if any("__init__" in vars(klass) for klass in mro[:at]):
-        return
-    base = next((klass for klass in mro[at + 1 :] if "__init__" in vars(klass) and klass is not object), None)
-    init = None if base is None else init_for(cls, base)
-    if init is not None:
-        cls.__init__ = init  # type: ignore[misc]
