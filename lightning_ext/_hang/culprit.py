@@ -24,7 +24,8 @@ class Stand:
 
     Attributes:
         rank: the rank.
-        kind: ``"log"`` (a step value's sync), ``"epoch_logs"`` (an epoch-end sync round), ``"collective"`` (a checked
+        kind: ``"log"`` (a step value's sync), ``"step_logs"`` (a hook's step values, synced together when it
+            returns), ``"epoch_logs"`` (an epoch-end sync round), ``"collective"`` (a checked
             collective call), ``"call"`` (inside a counted ``torch.distributed`` call), ``"backward"`` (DDP's gradient
             all-reduce), or the kind of another check (``"end"``, ``"loaders"``, ``"batch"``).
         call: the call, in a few words (``self.log('acc', sync_dist=True)``, ``strategy.barrier('x')``).
@@ -106,6 +107,8 @@ def stand_at(rank: int, point: Point, facts: Facts | None) -> Stand:
     hook = _hook(facts)
     if point.kind == "log":
         keys, hook = (point.detail,), point.detail["fx"]
+    elif point.kind == "step_logs":
+        keys, hook = tuple(point.detail), point.detail[0]["fx"]
     elif point.kind == "epoch_logs":
         keys = tuple(point.detail)
     batches = 0 if facts is None else facts.batches

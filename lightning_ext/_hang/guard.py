@@ -2,7 +2,7 @@
 
 import contextlib
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Literal
 
 from lightning.pytorch.trainer.states import TrainerStatus
@@ -135,7 +135,7 @@ class HangGuard:
         if self.recorder is not None:
             self.recorder.watch_signals()
         if self.preemption is not None:
-            self.preemption.attach()  # in a fit, the stop rides on Lightning's per-step broadcast
+            self.preemption.attach()  # in a fit, in place of Lightning's per-step broadcast
 
     def watch_backward_passes(self, strategy: Any) -> None:
         """Note when ``strategy``'s rank is in an autograd backward pass, and whether DDP all-reduces its gradients.
@@ -173,6 +173,26 @@ class HangGuard:
         try:
             with _collective.lightning_barrier_skipped():  # the check above is that barrier
                 return reduce(tensor, group=group, reduce_op=reduce_op)
+        finally:
+            recorder.checked = False
+
+    def check_pack(self, metrics: list[Any], phase: str) -> None:
+        """Before the coalesced sync of ``metrics``' ``phase`` values: a hook's step values are checked together (an
+        epoch round's were checked when the round started)."""
+        checks = logs.active()
+        if self.lockstep is not None and checks is not None and phase == "step":
+            logs.check_pack(checks, metrics)
+
+    @contextlib.contextmanager
+    def lined_up(self) -> Iterator[None]:
+        """Within the block, the training thread's collective calls follow a check that lined the ranks up."""
+        recorder = None if self.lockstep is None else self.lockstep.recorder
+        if recorder is None:
+            yield
+            return
+        recorder.checked = True
+        try:
+            yield
         finally:
             recorder.checked = False
 

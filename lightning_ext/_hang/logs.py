@@ -2,7 +2,7 @@
 
 import functools
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -16,6 +16,7 @@ __all__ = [
     "LogChecks",
     "active",
     "batch_started",
+    "check_pack",
     "check_reduce",
     "epoch_round",
     "start",
@@ -140,6 +141,17 @@ def check_reduce(checks: LogChecks, tensor: Any, reduce_op: Any) -> None:
         checks.lockstep.require(point, checks.lockstep.recorder.batches, functools.partial(batch_label, checks.trainer))
     else:  # an epoch value computed outside an epoch round
         checks.lockstep.require(point, -_round(checks, None)[1], f"epoch {checks.trainer.current_epoch}")
+
+
+def check_pack(checks: LogChecks, metrics: Sequence[Any]) -> None:
+    """Check the step values that a hook logged, about to sync together: the same keys, synced in the same order, at
+    the same batch, on every rank (the coalesced sync's one check per hook)."""
+    entries = [_entry(metric) for metric in metrics]
+    keys = tuple((entry["fx"], entry["name"], entry["dataloader"], entry["reduce"]) for entry in entries)
+    names = ", ".join(repr(entry["name"]) for entry in entries)
+    where = f"the step sync of {names} logged in {entries[0]['fx']}"
+    point = Point("step_logs", ("step_logs", keys), where, entries, call=entries[0]["call"], site=entries[0]["site"])
+    checks.lockstep.require(point, checks.batches, functools.partial(batch_label, checks.trainer))
 
 
 def batch_label(trainer: Any) -> str:

@@ -13,7 +13,7 @@ from typing import Any
 from lightning_ext import errors
 from lightning_ext._hang.culprit import Stand, blocked_stand, culprits, extra_call_stands, split_keys, stand_at
 from lightning_ext._hang.facts import Facts
-from lightning_ext._hang.points import Point
+from lightning_ext._hang.points import LOGGING, Point
 from lightning_ext._hang.progress import Progress
 from lightning_ext._hang.wording import FIRST_LINE, doing, grouped_lines, ranks_text, short_site, shortened
 
@@ -152,8 +152,8 @@ def describe_deadlock(point: Point, waiting: Sequence[Facts], missing: Sequence[
         f"{ranks_text(waiting_ranks, 3)} waited at {shortened(point.call or point.where, 80)}, which"
         f" {ranks_text(others, 3)} can never reach: the job would hang until the process-group timeout."
     )
-    cls = errors.DivergentLoggingError if point.kind in ("log", "epoch_logs") else errors.DivergentCollectiveError
-    return cls(_text(head, "", listing, "log" if point.kind in ("log", "epoch_logs") else "collective"))
+    cls = errors.DivergentLoggingError if point.kind in LOGGING else errors.DivergentCollectiveError
+    return cls(_text(head, "", listing, "log" if point.kind in LOGGING else "collective"))
 
 
 def _blame(found: Sequence[Stand], everyone: Sequence[Stand], listing: list[str]) -> errors.CrossRankError:

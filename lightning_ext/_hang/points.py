@@ -12,9 +12,10 @@ from typing import Any
 from lightning_ext._hang.facts import Facts
 from lightning_ext._hang.sites import Caller
 
-__all__ = ["Label", "Point", "collective_point", "fingerprint_at", "labelled"]
+__all__ = ["LOGGING", "Label", "Point", "collective_point", "fingerprint_at", "labelled"]
 
 Label = str | Callable[[], str]
+LOGGING = ("log", "step_logs", "epoch_logs")  # the kinds of point where synced logging is checked
 
 
 @dataclass(frozen=True)
@@ -22,7 +23,8 @@ class Point:
     """One checkpoint: what a rank is about to do.
 
     Attributes:
-        kind: ``"log"``, ``"epoch_logs"``, ``"loaders"``, ``"collective"`` or ``"batch"``; picks the error class.
+        kind: ``"log"`` (one value), ``"step_logs"`` (a hook's step values, synced together), ``"epoch_logs"`` (an
+            epoch-end round), ``"loaders"``, ``"collective"`` or ``"batch"``; picks the error class.
         identity: what must be equal on every rank (hashed into the fingerprint).
         where: what it is, for people: ``self.log('loss', sync_dist=True) in training_step (model.py:31)``.
         detail: extra data for the error message and for resolving a mismatch (e.g. batch counts).

@@ -14,7 +14,13 @@ from lightning_ext._decisions import checkpoint, early_stopping
 from lightning_ext._hang.guard import HangChecks, HangGuard, UnevenMode, validate_options
 from lightning_ext._hang.stall import StallOptions
 from lightning_ext._hang.stop import resolve_preemption_policy
-from lightning_ext._packages.choice import Package, check_one_package, package_of, strategy_for_other_package
+from lightning_ext._packages.choice import (
+    Package,
+    check_one_package,
+    package_of,
+    parts_of_run,
+    strategy_for_other_package,
+)
 from lightning_ext._per_rank import local_values
 from lightning_ext._per_rank.decision_file import DecisionFile
 from lightning_ext._per_rank.logger import RankCSVLogger, loggers_for
@@ -30,11 +36,14 @@ from lightning_ext._per_rank.telemetry import (
 )
 from lightning_ext._per_rank.tensorboard_files import event_files_for
 from lightning_ext._setup import checks as setup_checks
+from lightning_ext._sync import hooks as sync_hooks
+from lightning_ext._sync.hooks import LogSync
+from lightning_ext._sync.queue import SyncQueue
 from lightning_ext.policies import DecisionPolicy, resolve_policy
 from lightning_ext.rank_metrics import PerRankMetrics
 from lightning_ext.strategies import _compat, _runtime
 from lightning_ext.strategies._class_checks import check_base, check_order
-from lightning_ext.strategies._options import StrategyOptions, init_for, mixin_signature
+from lightning_ext.strategies._options import StrategyOptions, give_init, mixin_signature
 from lightning_ext.strategies._set_up import agree, invalid_policies
 
 __all__ = ["PolicyStrategyMixin"]
@@ -75,6 +84,9 @@ class PolicyStrategyMixin(_Strategy):
             the stall report (``<log_dir>/stall_report.txt``) and the run ends with ``StallError``; ``"auto"``
             (default) reports shortly before the process group's timeout and ends the run only at it; ``None``: off.
         on_stall: ``"error"`` (default) or ``"report"`` (write the report, keep waiting).
+        log_sync: ``"coalesced"`` (default): the values a hook logs with ``sync_dist=True`` sync together when the
+            hook returns, in one all-reduce per reduce op and dtype (and an epoch-end round's values together);
+            ``"per_value"``: each value syncs inside its ``self.log``, as stock Lightning does (docs/synced-logging.md).
 
     Raises:
         TypeError: at construction, the class is not a ``ParallelStrategy``, or it overrides
@@ -94,7 +106,7 @@ class PolicyStrategyMixin(_Strategy):
         check_order(
             cls, PolicyStrategyMixin
         )  # here, because with the mixin after the strategy, its __init__ would not run to check it
-        _give_init(cls)
+        give_init(cls, PolicyStrategyMixin)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:  # its signature: the options' (below the class)
         self._check_buildable()
@@ -105,6 +117,7 @@ class PolicyStrategyMixin(_Strategy):
         validate_options(options.hang_checks, options.uneven_batches, options.check_unsized_loaders)
         preemption = resolve_preemption_policy(options.preemption_policy)
         stall_options = StallOptions(options.stall_timeout, options.on_stall)  # raises on a bad option
+        sync_hooks.validate_log_sync(options.log_sync)
         _runtime.install()
         if not _runtime.seams_available():
             raise RuntimeError(
@@ -133,6 +146,8 @@ class PolicyStrategyMixin(_Strategy):
         )
         self._decision_record = options.decision_record
         self.decision_file: DecisionFile | None = None  # rank 0's record, during a run
+        self._log_sync = options.log_sync
+        self._sync_queue: SyncQueue | None = None  # the synced logged values held until their hook ends, during a run
 
     @classmethod
     def _check_buildable(cls) -> None:
@@ -157,6 +172,11 @@ class PolicyStrategyMixin(_Strategy):
     def hang_checks(self) -> HangChecks:
         """Whether the hang checks are on (``True``), off (``False``), or in ``"debug"`` mode."""
         return self._hang_guard.mode
+
+    @property
+    def log_sync(self) -> LogSync:
+        """How synced logged values sync: ``"coalesced"`` (per hook, together) or ``"per_value"`` (as stock)."""
+        return self._log_sync
 
     @property
     def preemption_policy(self) -> DecisionPolicy | None:
@@ -186,6 +206,9 @@ class PolicyStrategyMixin(_Strategy):
         super().setup_environment()
         namespace, peers = self._agree_at_set_up()
         self._hang_guard.start(self._rank(), self.world_size, namespace, self._trainer(), peers)
+        if self._log_sync == "coalesced" and _collective.is_initialized():
+            self._sync_queue = SyncQueue(self._reduce_packed, self._hang_guard.check_pack)
+            sync_hooks.start(self._sync_queue)
         setup_checks.start(setup_checks.SetupChecks(RankGroup.from_strategy(self), self._trainer()))
 
     @override
@@ -235,6 +258,7 @@ class PolicyStrategyMixin(_Strategy):
 
     @override
     def teardown(self) -> None:
+        self._stop_coalescing()
         self._hang_guard.unwatch_backward_passes(self)
         setup_checks.stop()
         try:
@@ -287,8 +311,22 @@ class PolicyStrategyMixin(_Strategy):
     @override
     def reduce(self, tensor: Any, group: Any | None = None, reduce_op: Any = "mean") -> Any:
         tensor = _collective.exact_mean_input(tensor, reduce_op)
+        queue = self._sync_queue
+        if queue is not None and _collective.is_world(group):
+            synced = queue.take(tensor, reduce_op)  # a logged value: it syncs with the others of its hook or round
+            if synced is not None:
+                return synced
         with timing(self._step_timer, COLLECTIVES):
             return self._hang_guard.reduce(super().reduce, tensor, group, reduce_op)  # type: ignore[safe-super]
+
+    def _reduce_packed(self, tensor: Any, reduce_op: str) -> Any:
+        """Lightning's own ``reduce`` of packed logged values, without its barrier (their check lined the ranks up)."""
+        with (
+            timing(self._step_timer, COLLECTIVES),
+            self._hang_guard.lined_up(),
+            _collective.lightning_barrier_skipped(),
+        ):
+            return super().reduce(tensor, group=None, reduce_op=reduce_op)  # type: ignore[safe-super]
 
     @override
     def barrier(self, name: str | None = None) -> None:
@@ -313,20 +351,17 @@ class PolicyStrategyMixin(_Strategy):
 
     def on_run_failure(self, error: BaseException) -> None:
         """The ``Trainer._run`` seam: a fit/validate/test raised on this rank (see :class:`HangGuard.on_failure`)."""
+        self._stop_coalescing()  # the values still held die with the run: Lightning's on_exception hooks follow
         self._hang_guard.on_failure(error, self._rank())
 
     def _check_one_package(self) -> None:
         """Raise if the run holds objects of the other Lightning package (they would escape the seams silently)."""
-        trainer = self._trainer()
-        parts: list[tuple[str, object]] = [("the accelerator", self.accelerator)]
-        parts += [("the precision plugin", self.precision_plugin)]
-        parts += [("the cluster environment", self.cluster_environment), ("the checkpoint IO", self._checkpoint_io)]
-        if trainer is not None:
-            parts += [("the Trainer", trainer), ("the LightningModule", trainer.lightning_module)]
-            parts += [("the datamodule", trainer.datamodule)] if trainer.datamodule is not None else []
-            parts += [(f"the callback {type(callback).__name__}", callback) for callback in trainer.callbacks]
-            parts += [(f"the logger {type(logger).__name__}", logger) for logger in trainer.loggers]
-        check_one_package(self._lightning_package, parts, type(self).__name__)
+        check_one_package(self._lightning_package, parts_of_run(self, self._trainer()), type(self).__name__)
+
+    def _stop_coalescing(self) -> None:
+        if self._sync_queue is not None:
+            sync_hooks.stop()
+            self._sync_queue = None
 
     def _flush_rank_files(self) -> None:
         if self.rank_metrics_logger is not None:
@@ -352,6 +387,7 @@ class PolicyStrategyMixin(_Strategy):
             repr(self._decision_record),
             repr(guard.preemption_policy),
             repr(guard.stall_options),
+            repr(self._log_sync),
         )
         policies = (self._checkpoint_policy, self._early_stopping_policy, guard.preemption_policy)
         invalid = invalid_policies(*policies, world_size=self.world_size)
@@ -364,18 +400,3 @@ class PolicyStrategyMixin(_Strategy):
 
 
 PolicyStrategyMixin.__init__.__signature__ = mixin_signature(PolicyStrategyMixin.__init__)  # type: ignore[attr-defined]
-
-
-def _give_init(cls: type) -> None:
-    """Give a subclass that defines no ``__init__`` (nor any class between it and the mixin) one with its strategy's
-    signature and the options (:func:`~lightning_ext.strategies._options.init_for`)."""
-    mro = cls.__mro__
-    if PolicyStrategyMixin not in mro:
-        return
-    at = mro.index(PolicyStrategyMixin)
-    if any("__init__" in vars(klass) for klass in mro[:at]):
-        return
-    base = next((klass for klass in mro[at + 1 :] if "__init__" in vars(klass) and klass is not object), None)
-    init = None if base is None else init_for(cls, base)
-    if init is not None:
-        cls.__init__ = init  # type: ignore[misc]
