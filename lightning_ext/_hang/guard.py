@@ -184,17 +184,19 @@ class HangGuard:
             logs.check_pack(checks, metrics)
 
     @contextlib.contextmanager
-    def lined_up(self) -> Iterator[None]:
-        """Within the block, the training thread's collective calls follow a check that lined the ranks up."""
+    def without_barrier(self) -> Iterator[None]:
+        """Within the block, Lightning's barrier before an all-reduce is skipped: a check lined the ranks up (or, with
+        the checks off, the coalesced sync's all-reduce needs none); the calls there are not the odd ones out."""
         recorder = None if self.lockstep is None else self.lockstep.recorder
-        if recorder is None:
-            yield
-            return
-        recorder.checked = True
-        try:
-            yield
-        finally:
-            recorder.checked = False
+        with _collective.lightning_barrier_skipped():
+            if recorder is None:
+                yield
+                return
+            recorder.checked = True
+            try:
+                yield
+            finally:
+                recorder.checked = False
 
     def check_call(self, call: str, identity: tuple[Any, ...], *, debug_only: bool = False) -> None:
         """Check before a collective call of the strategy (``barrier``, ``broadcast``, ``all_gather``)."""

@@ -151,7 +151,7 @@ def check_pack(checks: LogChecks, metrics: Sequence[Any]) -> None:
     names = ", ".join(repr(entry["name"]) for entry in entries)
     where = f"the step sync of {names} logged in {entries[0]['fx']}"
     point = Point("step_logs", ("step_logs", keys), where, entries, call=entries[0]["call"], site=entries[0]["site"])
-    checks.lockstep.require(point, checks.batches, functools.partial(batch_label, checks.trainer))
+    checks.lockstep.require(point, checks.lockstep.recorder.batches, functools.partial(batch_label, checks.trainer))
 
 
 def batch_label(trainer: Any) -> str:

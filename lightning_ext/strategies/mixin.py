@@ -321,11 +321,7 @@ class PolicyStrategyMixin(_Strategy):
 
     def _reduce_packed(self, tensor: Any, reduce_op: str) -> Any:
         """Lightning's own ``reduce`` of packed logged values, without its barrier (their check lined the ranks up)."""
-        with (
-            timing(self._step_timer, COLLECTIVES),
-            self._hang_guard.lined_up(),
-            _collective.lightning_barrier_skipped(),
-        ):
+        with timing(self._step_timer, COLLECTIVES), self._hang_guard.without_barrier():
             return super().reduce(tensor, group=None, reduce_op=reduce_op)  # type: ignore[safe-super]
 
     @override
