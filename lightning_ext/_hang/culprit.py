@@ -61,7 +61,8 @@ def culprits(stands: Sequence[Stand]) -> list[Stand]:
     The ranks passed every earlier check together, and no rank makes a checked call between two checks. So the ranks
     that got least far, at a call of the user's code, are still where the others went past without making it: theirs
     is the extra call. How far: the batches started (every stage), then, within a batch, the hook (``training_step``
-    before ``on_train_batch_end``, the epoch-end hooks, then the epoch-end sync), then, within one function, the line.
+    before ``on_train_batch_end``, the epoch-end hooks, then the epoch-end sync; a hook's step values, synced when it
+    returns, after every call in its body), then, within one function, the line.
     A call that Lightning's own flow makes is made by every rank in the same place: it is where the others went on,
     never the culprit. Different calls equally far (keys that differ by rank) are all named.
 
@@ -159,9 +160,13 @@ _ORDER = {
 _SITE = re.compile(r"^(?P<path>.+):(?P<line>\d+) in (?P<function>.+)$")
 
 
-def _within_batch(stand: Stand) -> int | None:
-    """Where in its batch a rank stands: the hook's place in Lightning's order (the epoch-end sync last)."""
-    return len(_ORDER) if stand.kind == "epoch_logs" else _ORDER.get(stand.hook or "")
+def _within_batch(stand: Stand) -> float | None:
+    """Where in its batch a rank stands: the hook's place in Lightning's order (the epoch-end sync last); a hook's
+    step values sync when it returns, so a rank at their check has passed every call the hook body makes."""
+    if stand.kind == "epoch_logs":
+        return len(_ORDER)
+    index = _ORDER.get(stand.hook or "")
+    return None if index is None else index + 0.5 * (stand.kind == "step_logs")
 
 
 def _place(site: str | None) -> tuple[str, str, int] | None:

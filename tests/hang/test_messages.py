@@ -164,6 +164,35 @@ def test_of_two_calls_in_one_batch_and_function_the_earlier_line_is_the_culprit(
     assert first.startswith("self.log('val_acc', sync_dist=True) in training_step (train.py:30) synced on rank 0 only")
 
 
+def test_a_guarded_barrier_after_an_unguarded_step_log_is_the_culprit_not_the_log() -> None:
+    """Every rank logs 'loss' (line 30), then rank 0 alone calls ``strategy.barrier()`` (line 34) in training_step:
+    rank 1 has finished the hook's body and waits where its step values sync, at the hook's end."""
+    site = f"{SCRIPT}:34 in training_step"
+    guarded = Point(
+        "collective",
+        ("barrier", None),
+        f"strategy.barrier() called from {site}",
+        call="strategy.barrier()",
+        site=site,
+        facts=Facts(0, batches=5, progress=Progress("train", 0, hook="training_step")),
+    )
+    detail = entry("loss", "training_step", 30)
+    facts = Facts(1, batches=5, progress=Progress("train", 0, hook="training_step"))
+    where = f"the step values of training_step ({detail['call']})"
+    pack = Point(
+        "step_logs",
+        ("step_logs", "loss"),
+        where,
+        [detail],
+        call=str(detail["call"]),
+        site=str(detail["site"]),
+        facts=facts,
+    )
+    error = describe_divergence([guarded, pack])
+    assert isinstance(error, errors.DivergentCollectiveError)
+    assert lines(error)[0].startswith("strategy.barrier() in training_step (train.py:34) ran on rank 0 only; rank 1")
+
+
 # ---- a rank that never arrives, at 1,024 ranks -----------------------------------------------------------------------
 def test_a_log_in_training_step_on_rank_zero_at_1024_ranks() -> None:
     point = step_log(0, "val_acc")
