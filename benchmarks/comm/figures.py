@@ -17,11 +17,13 @@ from benchmarks.comm.report import Row, Target, markdown
 from benchmarks.comm.row_cost import RecordCost, RowCost, Spread
 from benchmarks.comm.stall_cost import StallCost
 from benchmarks.comm.sync_cost import SyncCost
+from benchmarks.synced import report as synced_report
 
 __all__ = ["FIGURES", "RESULTS", "Results", "load", "main", "rendered", "stale"]
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "benchmarks" / "results" / "cpu-2core-x86_64.json"
+SYNCED = "synced-{stem}.json"  # the synced-logging benchmark's results, beside RESULTS (python -m benchmarks.synced)
 QUOTING = ("README.md", "docs/*.md", "benchmarks/README.md")  # the files that may quote figures
 BLOCK = re.compile(r"(<!-- figure:(?P<name>[a-z0-9-]+) -->)(?P<text>.*?)(<!-- /figure -->)", re.DOTALL)
 
@@ -37,6 +39,7 @@ class Results:
     syncs: list[SyncCost]
     records: list[RecordCost]
     stalls: list[StallCost]
+    synced: dict[str, Any] | None = None  # the synced-logging benchmark's results, where there are some
 
     def row(self, subject: str, world_size: int = 2) -> Row:
         return next(row for row in self.rows if (row.subject, row.world_size) == (subject, world_size))
@@ -64,9 +67,14 @@ def _typed(kind: type, data: dict[str, Any]) -> Any:
     return kind(**{key: value(item) for key, item in data.items() if key in names})
 
 
+def _synced_path(path: Path) -> Path:
+    return path.with_name(SYNCED.format(stem=path.stem))
+
+
 def load(path: Path = RESULTS) -> Results:
-    """The results file at ``path`` (its JSON)."""
+    """The results file at ``path`` (its JSON), with the synced-logging results beside it if there are some."""
     document = json.loads(path.read_text(encoding="utf-8"))
+    synced = _synced_path(path)
     return Results(
         document["metadata"],
         [_typed(Row, row) for row in document["rows"]],
@@ -75,6 +83,7 @@ def load(path: Path = RESULTS) -> Results:
         [_typed(SyncCost, cost) for cost in document["sync_point"]],
         [_typed(RecordCost, cost) for cost in document["record_cost"]],
         [_typed(StallCost, cost) for cost in document["stall_cost"]],
+        json.loads(synced.read_text(encoding="utf-8")) if synced.exists() else None,
     )
 
 
@@ -182,6 +191,24 @@ def _measured(results: Results, name: str) -> Spread:
     return spread
 
 
+def _synced(results: Results) -> dict[str, Any]:
+    if results.synced is None:
+        raise ValueError("there are no synced-logging results beside the results file (python -m benchmarks.synced)")
+    return results.synced
+
+
+def _synced_ratios(results: Results) -> str:
+    """``at 2 ranks 0.91x, 0.52x, 0.31x stock's step with 1, 5, 20 synced values; at 4 ranks ...``."""
+    rows = [row for row in _synced(results)["rows"] if row["config"] == "defaults"]
+    parts = []
+    for size in sorted({row["world_size"] for row in rows}):
+        mine = sorted((row for row in rows if row["world_size"] == size), key=lambda row: row["values"])
+        ratios = ", ".join(f"{row['ratio']['median']:.2f}x" for row in mine)
+        values = ", ".join(str(row["values"]) for row in mine)
+        parts.append(f"at {size} ranks {ratios} stock's step time with {values} synced values per step")
+    return "; ".join(parts)
+
+
 FIGURES: dict[str, Callable[[Results], str]] = {
     "date": lambda results: results.metadata["date"][:10],
     "repeats": lambda results: str(results.metadata["counts"]["repeats"]),
@@ -205,6 +232,10 @@ FIGURES: dict[str, Callable[[Results], str]] = {
     "cpu-5": lambda r: f"{r.row('training_step_cpu/hang_checks_5_synced').ratio_to_stock - 1:.0%}",
     "step-5": lambda r: f"{r.row('training_step/stock_5_synced').median_us / 1000:.0f} ms",
     "hang-checks-table": _hang_checks_table,
+    "synced-date": lambda results: _synced(results)["metadata"]["date"][:10],
+    "synced-ratios": _synced_ratios,
+    "synced-table": lambda results: "\n" + synced_report.table(_synced(results)) + "\n",
+    "synced-targets": lambda results: "\n" + synced_report.target_lines(_synced(results)) + "\n",
 }
 
 
@@ -229,7 +260,11 @@ def stale(repo: Path = REPO, results_path: Path = RESULTS) -> list[Path]:
     results = load(results_path)
     found = [path for path in quoting(repo) if rendered(path.read_text("utf-8"), results) != path.read_text("utf-8")]
     page = results_path.with_suffix(".md")
-    return found + ([page] if page.read_text("utf-8") != results.markdown() else [])
+    found += [page] if page.read_text("utf-8") != results.markdown() else []
+    synced = _synced_path(results_path).with_suffix(".md")
+    if results.synced is not None and synced.read_text("utf-8") != synced_report.markdown(results.synced):
+        found.append(synced)
+    return found
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -240,7 +275,12 @@ def main(argv: list[str] | None = None) -> int:
     results, paths, page = load(args.results), stale(REPO, args.results), args.results.with_suffix(".md")
     for path in paths:
         if args.update_docs:
-            text = results.markdown() if path == page else rendered(path.read_text("utf-8"), results)
+            if path == page:
+                text = results.markdown()
+            elif results.synced is not None and path == _synced_path(args.results).with_suffix(".md"):
+                text = synced_report.markdown(results.synced)
+            else:
+                text = rendered(path.read_text("utf-8"), results)
             path.write_text(text, encoding="utf-8")
         print(f"{'wrote' if args.update_docs else 'differs from the results'}: {path.relative_to(REPO)}")
     return 0 if args.update_docs or not paths else 1

@@ -230,7 +230,8 @@ def check_targets(rows: list[Row]) -> list[Target]:
             baseline = "training_step/" + BASELINES.get(row.subject.split("/")[1], "stock")
             stock = next(r for r in same if r.subject == baseline)
             extra = row.collectives - stock.collectives
-            targets.append(Target("extra collectives per logging step", where, extra, 0.0, "==", extra == 0.0))
+            # none added; the coalesced sync makes fewer (no barrier per synced value)
+            targets.append(Target("extra collectives per logging step", where, extra, 0.0, "<=", extra <= 0.0))
     return targets
 
 
