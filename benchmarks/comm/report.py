@@ -102,7 +102,11 @@ class Target:
 
 
 # per-rank metrics may cost up to 3% of a step; telemetry at every step, 1% of the same run without it (issue targets)
-_STEP_TARGETS = {"training_step/per_rank_metrics": STEP_TARGET, "training_step/telemetry": 1.01}
+_STEP_TARGETS = {
+    "training_step/per_rank_metrics": STEP_TARGET,
+    "training_step/tensorboard": STEP_TARGET,  # against stock with the same TensorBoardLogger
+    "training_step/telemetry": 1.01,
+}
 # the default hang checks must stay within stock-against-itself noise: their ratio at most the upper end of the
 # 95% interval of the stock twin's ratio, in the same session (with 1 and with 5 synced values per step); so must the
 # stall report, against the same run with it off
@@ -258,7 +262,7 @@ def _verdict(row: Row, targets: list[Target]) -> str:
     where = f"{row.backend}/{row.device} W={row.world_size} {row.subject}"
     mine = [t for t in targets if t.where == where]
     if not mine:
-        if row.subject.endswith(("/stock", "/stock_stream", "/stock_5_synced")):
+        if row.subject.endswith(("/stock", "/stock_stream", "/stock_5_synced", "/stock_tensorboard")):
             return "baseline"
         if row.subject.endswith("_twin"):
             return "noise: stock against itself"

@@ -8,6 +8,9 @@ Two figures per training session, each the median over the repeats with the lowe
   ``log_metrics`` and its share of the flushes to disk.
 * **per training step**: the median step CPU time with per-rank metrics minus stock's, per pair of timed fits (run
   back to back). It holds one per-rank row per step plus whatever else differs, and the noise of a whole step.
+* **per-rank row with TensorBoard**: the same row loop in each timed ``tensorboard`` fit (a ``TensorBoardLogger``
+  first: the row also goes to the rank's event file), ended by a flush of the event writer, in CPU time of the whole
+  process (the writer's thread, which computes each record's CRC and appends it, included) and of the main thread.
 * **telemetry sample**: the sample loop's time per sample in each timed telemetry fit: one batch's phases timed and
   its row written (the memory read at most once a second, as in training); its share of the median step of the fits
   without telemetry; and one reading of the memory on its own.
@@ -19,6 +22,7 @@ from dataclasses import dataclass
 from benchmarks.comm.session import SessionResult
 
 _STEP_SUBJECTS = ("training_step/per_rank_metrics", "training_step_cpu/per_rank_metrics")
+_EVENTS_SUBJECTS = ("training_step/tensorboard", "training_step_cpu/tensorboard")
 
 __all__ = ["RecordCost", "RowCost", "Spread", "cost_lines", "record_costs", "record_lines", "row_costs"]
 
@@ -55,6 +59,9 @@ class RowCost:
     sample_wall_us: Spread | None = None
     per_rank_step_us: float = float("nan")
     memory_cpu_us: Spread | None = None
+    events_row_cpu_us: Spread | None = None  # CPU time of the whole process: the event writer's thread included
+    events_row_thread_cpu_us: Spread | None = None
+    events_row_wall_us: Spread | None = None
 
 
 def row_costs(results: list[SessionResult]) -> list[RowCost]:
@@ -82,6 +89,9 @@ def row_costs(results: list[SessionResult]) -> list[RowCost]:
                 sample_wall_us=_spread_us(training.sample_ns),
                 memory_cpu_us=_spread_us(training.memory_cpu_ns),
                 per_rank_step_us=statistics.median(map(statistics.median, training.step_ns["per_rank_metrics"])) / 1000,
+                events_row_cpu_us=_spread_us(training.events_row_process_cpu_ns),
+                events_row_thread_cpu_us=_spread_us(training.events_row_cpu_ns),
+                events_row_wall_us=_spread_us(training.events_row_ns),
             )
         )
     return costs
@@ -105,6 +115,17 @@ def cost_lines(costs: list[RowCost], ratios: dict[tuple[str, str], float]) -> li
             f"- {cost.session}, per training step: {cost.step_cpu_us} of CPU time more than stock's"
             f" {cost.stock_step_cpu_us:.1f} µs ({cost.repeats} paired fits; a whole step's noise included).",
         ]
+        if (events := cost.events_row_cpu_us) is not None:
+            wall, cpu = (ratios.get((cost.session, subject), float("nan")) for subject in _EVENTS_SUBJECTS)
+            lines += [
+                f"- {cost.session}, **training step with per-rank metrics and a `TensorBoardLogger`: {wall:.3f}x stock"
+                f" with the same logger in wall time** (target ≤ 1.03x), {cpu:.3f}x in CPU time of the main thread"
+                " (median of the paired ratios).",
+                f"- {cost.session}, **one per-rank row with its TensorBoard event: {events.median:.1f} µs of CPU time"
+                f" of the process** (the event writer's thread included; range {events.low:.1f} to {events.high:.1f}),"
+                f" {cost.events_row_thread_cpu_us} of the main thread; wall time {cost.events_row_wall_us}; the CSV row"
+                f" alone, above: {cost.row_cpu_us.median:.1f} µs of the main thread.",
+            ]
         if cost.sample_cpu_us is not None:
             telemetry = ratios.get((cost.session, "training_step/telemetry"), float("nan"))
             share = cost.sample_cpu_us.median / cost.per_rank_step_us

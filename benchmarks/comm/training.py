@@ -9,6 +9,9 @@ the ranks carry ``LOCAL_RANK``/``WORLD_SIZE``/...), with the same small model, d
   per-rank cost alone;
 * ``telemetry``: the same with ``PerRankMetrics(telemetry=True, telemetry_every_n_steps=1)``: a telemetry row at
   every step, compared with ``per_rank_metrics`` (the same run without telemetry);
+* ``stock_tensorboard`` and ``tensorboard``: ``stock`` and ``per_rank_metrics`` with a ``TensorBoardLogger`` in place
+  of the ``CSVLogger``, so that every rank also writes its rows to its own TensorBoard event file; the second is
+  compared with the first;
 * ``hang_checks``: ``PolicyDDPStrategy()``, the default hang checks (each synced ``self.log`` checked in place of
   Lightning's barrier, the batch counts and epoch-end syncs checked once per epoch);
 * ``hang_checks_debug``: ``PolicyDDPStrategy(hang_checks="debug")`` (measured, no target);
@@ -38,6 +41,11 @@ row's keys with their local values), then the per-rank logger's ``log_metrics`` 
 builds for its loggers, the logging step advancing by one per row, so the writer flushes every 100 rows to the real
 file as in training. Lightning's own work (``self.log``, the row, the stock loggers) is not in the loop, so the time
 per row is lightning-ext's per-rank cost alone, without the noise of a step (the seams' few attribute lookups aside).
+
+In the ``tensorboard`` fits the same row loop also writes each row to the rank's event file, and ends with a flush
+of the event writer (inside the timing), so that the writer thread's share (each record's CRC and append) is in it;
+those rows are timed in CPU time of the whole process as well (the writer's thread included), not only the main
+thread's.
 
 **The cost of one telemetry sample.** Likewise, within each timed telemetry fit, at its last batch, the telemetry
 path of one batch runs :data:`ROW_LOOPS_PER_STEP` ``x train_steps`` times on the fit's own objects: the batch and
@@ -73,14 +81,14 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
-from time import perf_counter_ns, thread_time_ns
+from time import perf_counter_ns, process_time_ns, thread_time_ns
 from typing import Any
 
 import lightning as L
 import torch
 from lightning.fabric.utilities.apply_func import convert_tensors_to_scalars
 from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from lightning.pytorch.strategies import DDPStrategy
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
@@ -108,9 +116,12 @@ CONFIGS = (
     "hang_checks_5_synced",
     "stall_off",
     "stall_report",
+    "stock_tensorboard",
+    "tensorboard",
 )
 # what a configuration is compared with, if not "stock"
 BASELINES = {
+    "tensorboard": "stock_tensorboard",
     "unsized_checks": "stock_stream",
     "telemetry": "per_rank_metrics",
     "stock_5_synced_twin": "stock_5_synced",
@@ -120,6 +131,7 @@ BASELINES = {
 SYNCED = {"stock_5_synced": 5, "stock_5_synced_twin": 5, "hang_checks_5_synced": 5}  # synced values per step, if not 1
 _OPTIONS: dict[str, dict[str, Any]] = {
     "per_rank_metrics": {"per_rank_metrics": True, "hang_checks": False, "stall_timeout": None},
+    "tensorboard": {"per_rank_metrics": True, "hang_checks": False, "stall_timeout": None},
     "telemetry": {
         "per_rank_metrics": PerRankMetrics(telemetry=True, telemetry_every_n_steps=1),
         "hang_checks": False,
@@ -133,6 +145,9 @@ _OPTIONS: dict[str, dict[str, Any]] = {
     "stall_report": {"hang_checks": False},
 }
 _STREAMS = ("stock_stream", "unsized_checks")
+_TENSORBOARD = ("stock_tensorboard", "tensorboard")
+# the fits that run a loop at their last batch, and which (see the module docstring)
+_LOOPS = {"per_rank_metrics": "rows", "tensorboard": "rows", "telemetry": "telemetry", "stall_report": "watch"}
 SKIP_STEPS = 5
 ROW_LOOPS_PER_STEP = 10
 _BATCH = 32
@@ -157,6 +172,9 @@ class TrainingResult:
         memory_cpu_ns: each timed telemetry fit's CPU time per reading of the rank's memory (at most one a second).
         watch_ns: each timed ``stall_report`` fit's time per step's worth of the stall report's watching.
         watch_cpu_ns: the same in CPU time of the main thread.
+        events_row_ns: each timed ``tensorboard`` fit's row-loop time per row, the event file's included.
+        events_row_cpu_ns: the same in CPU time of the main thread.
+        events_row_process_cpu_ns: the same in CPU time of the whole process (the event writer's thread included).
 
     """
 
@@ -173,6 +191,9 @@ class TrainingResult:
     memory_cpu_ns: list[float] = field(default_factory=list)
     watch_ns: list[float] = field(default_factory=list)
     watch_cpu_ns: list[float] = field(default_factory=list)
+    events_row_ns: list[float] = field(default_factory=list)
+    events_row_cpu_ns: list[float] = field(default_factory=list)
+    events_row_process_cpu_ns: list[float] = field(default_factory=list)
 
 
 class _SmallModel(L.LightningModule):
@@ -189,7 +210,7 @@ class _SmallModel(L.LightningModule):
         self.synced = synced
         self.net = torch.nn.Sequential(torch.nn.Linear(_FEATURES, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
         self.row_loops, self.loop_at, self.loop = row_loops, loop_at, loop
-        self.loop_ns = self.loop_cpu_ns = 0
+        self.loop_ns = self.loop_cpu_ns = self.loop_process_cpu_ns = 0
         self.memory_cpu_ns = 0.0
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
@@ -262,14 +283,20 @@ class _SmallModel(L.LightningModule):
         scalars = convert_tensors_to_scalars(metrics)
         loss_metric, mae_metric = results["training_step.train_loss"], results["training_step.train_mae"]
         step = trainer.fit_loop.epoch_loop._batches_that_stepped + 1_000_000  # after every real row
-        cpu, wall = thread_time_ns(), perf_counter_ns()
+        events = rank_logger.events
+        if events is not None:
+            events.flush()  # the fit's own events are written before the timing starts
+        process_cpu, cpu, wall = process_time_ns(), thread_time_ns(), perf_counter_ns()
         for row in range(self.row_loops):
             record_update(loss_metric, loss)
             record_update(mae_metric, mae)
             loggers_for(trainer, metrics)
             rank_logger.log_metrics(scalars, step + row)
             rank_logger.save()
+        if events is not None:
+            events.flush()  # the writer thread's share: every record's CRC and append
         self.loop_ns, self.loop_cpu_ns = perf_counter_ns() - wall, thread_time_ns() - cpu
+        self.loop_process_cpu_ns = process_time_ns() - process_cpu
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=0.01)
@@ -383,7 +410,7 @@ def _fit(
         strategy=strategy,
         max_epochs=1,
         max_steps=batches,
-        logger=CSVLogger(root),
+        logger=TensorBoardLogger(root) if config in _TENSORBOARD else CSVLogger(root),
         log_every_n_steps=1,
         callbacks=[clock],
         enable_checkpointing=False,
@@ -394,7 +421,7 @@ def _fit(
         default_root_dir=root,
     )
     # the row loop runs at the last batch, after the last timed window
-    loop = {"per_rank_metrics": "rows", "telemetry": "telemetry", "stall_report": "watch"}.get(config)
+    loop = _LOOPS.get(config)
     loops = row_loops if loop else 0
     model = _SmallModel(loops, loop_at=batches - 1, synced=SYNCED.get(config, 1), loop=loop or "rows")
     context: AbstractContextManager[object] = stock_lightning() if stock else nullcontext()
@@ -466,6 +493,10 @@ def run_training(
             if config == "per_rank_metrics":
                 result.row_ns.append(model.loop_ns / row_loops)
                 result.row_cpu_ns.append(model.loop_cpu_ns / row_loops)
+            elif config == "tensorboard":
+                result.events_row_ns.append(model.loop_ns / row_loops)
+                result.events_row_cpu_ns.append(model.loop_cpu_ns / row_loops)
+                result.events_row_process_cpu_ns.append(model.loop_process_cpu_ns / row_loops)
             elif config == "telemetry":
                 result.sample_ns.append(model.loop_ns / row_loops)
                 result.sample_cpu_ns.append(model.loop_cpu_ns / row_loops)

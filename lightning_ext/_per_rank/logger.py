@@ -12,6 +12,7 @@ from lightning_ext._per_rank import local_values
 from lightning_ext._per_rank.csv_format import TELEMETRY
 from lightning_ext._per_rank.file_output import FileOutput
 from lightning_ext._per_rank.local_values import OMITTED, local_values_for
+from lightning_ext._per_rank.tensorboard_files import RankEventFiles
 from lightning_ext._per_rank.writer import PerRankMetrics, RankMetricsWriter
 from lightning_ext.errors import RankMetricsWarning
 
@@ -29,10 +30,13 @@ class RankCSVLogger(Logger):
         log_dir: the run's log directory (a path or an fsspec URL), identical on every rank.
         rank: this process's global rank.
         options: file name template and flush interval.
+        events: this rank's TensorBoard event files, which get every row too (when the first logger is TensorBoard's).
 
     """
 
-    def __init__(self, log_dir: str, rank: int, options: PerRankMetrics | None = None) -> None:
+    def __init__(
+        self, log_dir: str, rank: int, options: PerRankMetrics | None = None, events: RankEventFiles | None = None
+    ) -> None:
         super().__init__()
         self._log_dir = log_dir
         self._rank = rank
@@ -49,6 +53,7 @@ class RankCSVLogger(Logger):
         )
         self._path = self._output.path
         self._writer: RankMetricsWriter | None = None
+        self.events = events
         # trainer._results walks several properties; the collection it returns is fixed per (fn, stage): keep the last
         self._results: tuple[Any, Any, Any] = (None, None, None)
         self.rows_logged = 0
@@ -166,6 +171,8 @@ class RankCSVLogger(Logger):
             doing = "writing a row"
             writer.log_metrics(row, step)
             self.rows_logged += 1
+            if self.events is not None:
+                self.events.log_row(row, step, self.resume_from_step)
         except Exception as error:
             self._stop(error, doing)
 
@@ -178,6 +185,8 @@ class RankCSVLogger(Logger):
             writer = self._writer if self._writer is not None else self.experiment
             writer.log_columns(row, step)
             self.rows_logged += 1
+            if self.events is not None:
+                self.events.log_telemetry(row, step, self.resume_from_step)
         except Exception as error:
             self._stop(error, "writing a telemetry row")
 
@@ -198,6 +207,8 @@ class RankCSVLogger(Logger):
         writer = _OPEN_WRITERS.get(self._path)
         if writer is None or self.stopped:
             return
+        if self.events is not None:
+            self.events.flush()
         try:
             writer.flush()
         except Exception as error:
@@ -209,6 +220,8 @@ class RankCSVLogger(Logger):
             self._stop(error, "capturing a local value")
         writer = _OPEN_WRITERS.pop(self._path, None)
         self._writer = None
+        if self.events is not None:
+            self.events.close()
         if writer is None or self.stopped:
             return
         try:
@@ -221,6 +234,8 @@ class RankCSVLogger(Logger):
         """Stop this rank's output: keep what can be kept, mark the file incomplete, warn once."""
         local_values.stop_capture()
         self._writer = None
+        if self.events is not None:
+            self.events.close()  # without local values the event files stop too
         writer = _OPEN_WRITERS.pop(self._path, None)
 
         def written() -> tuple[int, int | None]:

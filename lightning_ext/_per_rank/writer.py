@@ -48,6 +48,8 @@ class PerRankMetrics:
             and the rank's host beside its file; no collective is added (``docs/per-rank-metrics.md``).
         telemetry_every_n_steps: a telemetry row every this many steps, holding the means over the batches since the
             last one; ``None``: the trainer's ``log_every_n_steps``.
+        tensorboard: when the trainer's first logger is a ``TensorBoardLogger``, also write every row (and the
+            telemetry) to TensorBoard event files in ``<log_dir>/rank_<r>/``: one run per rank, over the synced one.
 
     """
 
@@ -55,6 +57,7 @@ class PerRankMetrics:
     flush_every_n_rows: int = 100
     telemetry: bool = False
     telemetry_every_n_steps: int | None = None
+    tensorboard: bool = True
 
     def __post_init__(self) -> None:
         if "{rank}" not in self.filename:
@@ -66,6 +69,8 @@ class PerRankMetrics:
             raise ValueError(f"PerRankMetrics.flush_every_n_rows must be >= 1, got {self.flush_every_n_rows}")
         if not isinstance(self.telemetry, bool):
             raise TypeError(f"PerRankMetrics.telemetry must be True or False, got {self.telemetry!r}")
+        if not isinstance(self.tensorboard, bool):
+            raise TypeError(f"PerRankMetrics.tensorboard must be True or False, got {self.tensorboard!r}")
         every = self.telemetry_every_n_steps
         if every is not None and (isinstance(every, bool) or not isinstance(every, int) or every < 1):
             raise ValueError(

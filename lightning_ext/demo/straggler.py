@@ -6,7 +6,7 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from torch.utils.data import DataLoader, Dataset
 
 from lightning_ext.rank_metrics import PerRankMetrics, read_rank_metrics
@@ -49,15 +49,20 @@ class _Regression(L.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.01)
 
 
-def find_the_straggler(devices: int, root: str) -> list[str] | None:
-    """Fit with telemetry, the last rank slow in data loading; on rank 0, the lines that say what was found."""
+def find_the_straggler(devices: int, root: str, *, tensorboard: bool = False) -> list[str] | None:
+    """Fit with telemetry, the last rank slow in data loading; on rank 0, the lines that say what was found.
+
+    With ``tensorboard``, the run logs with a ``TensorBoardLogger``: every rank's curves in ``<root>/straggler``, one
+    TensorBoard run per rank (``scripts/tensorboard_screenshot.py`` takes the docs' picture of it).
+    """
     slow = devices - 1
+    logger = (TensorBoardLogger if tensorboard else CSVLogger)(root, name="", version="straggler")
     trainer = L.Trainer(
         accelerator="cpu",
         devices=devices,
         strategy=PolicyDDPStrategy(per_rank_metrics=PerRankMetrics(telemetry=True, telemetry_every_n_steps=1)),
         max_epochs=1,
-        logger=CSVLogger(root, name="", version="straggler"),
+        logger=logger,
         log_every_n_steps=1,
         enable_checkpointing=False,
         enable_progress_bar=False,

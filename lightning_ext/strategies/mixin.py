@@ -28,6 +28,7 @@ from lightning_ext._per_rank.telemetry import (
     timed,
     timing,
 )
+from lightning_ext._per_rank.tensorboard_files import event_files_for
 from lightning_ext._setup import checks as setup_checks
 from lightning_ext.policies import DecisionPolicy, resolve_policy
 from lightning_ext.rank_metrics import PerRankMetrics
@@ -199,7 +200,8 @@ class PolicyStrategyMixin(_Strategy):
         self._hang_guard.watch_backward_passes(self)
         if self._per_rank_metrics is None or self._run_log_dir is None:
             return
-        self.rank_metrics_logger = RankCSVLogger(self._run_log_dir, self._rank(), self._per_rank_metrics)
+        events = event_files_for(trainer, self._run_log_dir, self._rank(), self._per_rank_metrics)
+        self.rank_metrics_logger = RankCSVLogger(self._run_log_dir, self._rank(), self._per_rank_metrics, events)
         local_values.start_capture(self._rank())
         if trainer.loggers:  # a member for the run, so it also gets what callbacks send to every logger
             trainer.loggers = [*trainer.loggers, self.rank_metrics_logger]

@@ -40,6 +40,8 @@ TRAINING_CONFIGS = (
     "telemetry",
     "stall_off",
     "stall_report",
+    "stock_tensorboard",
+    "tensorboard",
 )
 TRAINING_SUBJECTS = {  # training_step_cpu/*: a diagnostic, CPU time of the main thread
     f"{prefix}/{config}" for prefix in ("training_step", "training_step_cpu") for config in TRAINING_CONFIGS
@@ -74,6 +76,7 @@ def test_smoke_run_writes_json_markdown_and_png(smoke: tuple[Path, subprocess.Co
     assert "| gloo | cpu | 2 | `checkpoint/mean` |" in markdown and "## Targets" in markdown
     assert "training step vs stock" in process.stdout and "GPU part" in process.stdout
     assert "**one per-rank row: " in process.stdout and "## Per-rank row cost" in markdown
+    assert "**one per-rank row with its TensorBoard event: " in markdown
 
 
 @pytest.mark.slow
@@ -90,6 +93,11 @@ def test_smoke_reports_the_cost_of_one_per_rank_row(smoke: tuple[Path, subproces
     # so does a telemetry sample (its phases timed, its row written), and one memory reading
     assert 0 < cost["sample_cpu_us"]["median"] < cost["stock_step_cpu_us"]
     assert cost["memory_cpu_us"]["median"] > 0
+    # a row that also goes to the rank's TensorBoard event file, the writer's thread included
+    for figure in ("events_row_cpu_us", "events_row_thread_cpu_us", "events_row_wall_us"):
+        spread = cost[figure]
+        assert 0 < spread["low"] <= spread["median"] <= spread["high"], figure
+    assert cost["events_row_cpu_us"]["median"] < cost["stock_step_cpu_us"]
 
 
 @pytest.mark.slow
@@ -178,6 +186,10 @@ def test_smoke_collectives_are_counted(smoke: tuple[Path, subprocess.CompletedPr
     assert steps["training_step/telemetry"]["collectives_by_name"] == stock["collectives_by_name"]  # none added
     for config in ("stall_off", "stall_report"):  # the stall report reads counters: no collective added
         assert steps[f"training_step/{config}"]["collectives_by_name"] == stock["collectives_by_name"], config
+    tensorboard = steps["training_step/tensorboard"]["collectives_by_name"]  # the event files: no collective added
+    assert (
+        tensorboard == steps["training_step/stock_tensorboard"]["collectives_by_name"] == stock["collectives_by_name"]
+    )
     # the default checks replace the barrier of each synced log's _sync_ddp with a check: the same number, no barrier
     for checked_config, baseline in (("hang_checks", "stock"), ("hang_checks_5_synced", "stock_5_synced")):
         base = steps[f"training_step/{baseline}"]["collectives_by_name"]
@@ -188,7 +200,7 @@ def test_smoke_collectives_are_counted(smoke: tuple[Path, subprocess.CompletedPr
     five, one = steps["training_step/stock_5_synced"]["collectives_by_name"], stock["collectives_by_name"]
     assert five["barrier"] - one["barrier"] == five["all_reduce"] - one["all_reduce"] == 4  # four more synced values
     extra = [t for t in document["targets"] if t["name"] == "extra collectives per logging step"]
-    assert len(extra) == 5 and all(t["value"] == 0 and t["met"] for t in extra)
+    assert len(extra) == 6 and all(t["value"] == 0 and t["met"] for t in extra)
     counted = [t for t in document["targets"] if t["name"] == "collectives per decision"]
     assert len(counted) == 2 * 2 * len(POLICIES) and all(t["met"] for t in counted)
 

@@ -3,8 +3,10 @@
 Each rank logs, per step, ``loss`` (synced, step and epoch) and ``own`` (not synced), optionally ``rank`` (synced: a
 reserved name) and ``tm``, a ``torchmetrics`` mean whose *local* ``compute()`` raises on one rank. A fault can be
 put on one rank: ``"enospc"`` (``os.write`` to its metrics file fails with ``ENOSPC`` after a few writes: a full
-disk, injected at the OS boundary) or ``"dir_is_file"`` (a file stands where its directory should be). The run
-itself is real: DDP, gloo, Lightning's loops and loggers.
+disk, injected at the OS boundary), ``"events_enospc"`` (the same for its TensorBoard event file, which TensorBoard's
+writer appends with ``io.open``) or ``"dir_is_file"`` (a file stands where its directory should be). The run itself
+is real: DDP, gloo, Lightning's loops and loggers (``tensorboard=True``: a ``TensorBoardLogger``, else a
+``CSVLogger``).
 
 Rank ``r``'s value at (epoch ``e``, batch ``b``) is ``100 e + 10 r + b``; the parent derives every expected cell from
 that formula.
@@ -13,6 +15,7 @@ that formula.
 from __future__ import annotations
 
 import errno
+import io
 import os
 import re
 import warnings
@@ -26,7 +29,7 @@ import pandas as pd
 import torch
 import torch.distributed as dist
 import torchmetrics
-from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_ext import PerRankMetrics, PolicyDDPStrategy, read_rank_metrics
@@ -91,6 +94,8 @@ def _fit(
     log_rank: bool = False,
     failing_metric_rank: int | None = None,
     read_back: bool = False,
+    tensorboard: bool = False,
+    telemetry: bool = False,
 ) -> dict[str, Any]:
     world, rank = dist.get_world_size(), dist.get_rank()
     log_dir = f"{root}/lightning_logs/{VERSION}" if "://" in root else os.path.join(root, "lightning_logs", VERSION)
@@ -102,9 +107,11 @@ def _fit(
     trainer = L.Trainer(
         accelerator="cpu",
         devices=world,
-        strategy=PolicyDDPStrategy(per_rank_metrics=PerRankMetrics(flush_every_n_rows=flush_every)),
+        strategy=PolicyDDPStrategy(
+            per_rank_metrics=PerRankMetrics(flush_every_n_rows=flush_every, telemetry=telemetry)
+        ),
         max_epochs=epochs,
-        logger=CSVLogger(root, version=VERSION),
+        logger=(TensorBoardLogger if tensorboard else CSVLogger)(root, version=VERSION),
         log_every_n_steps=1,
         enable_checkpointing=False,
         enable_progress_bar=False,
@@ -113,7 +120,8 @@ def _fit(
         deterministic=True,
     )
     data = DataLoader(TensorDataset(torch.zeros(batches * world, 2)), batch_size=1)
-    with _full_disk(log_dir) if faulty == "enospc" else nullcontext():
+    full = {"enospc": _full_disk, "events_enospc": _full_disk_for_events}.get(faulty or "")
+    with full(log_dir) if full is not None else nullcontext():
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             trainer.fit(Model(log_rank, failing_metric_rank), data)
@@ -163,6 +171,31 @@ def _full_disk(log_dir: str, allowed: int = 2) -> Iterator[None]:
         yield
     finally:
         os.open, os.write, os.close = real_open, real_write, real_close
+
+
+@contextmanager
+def _full_disk_for_events(log_dir: str, allowed: int = 3) -> Iterator[None]:
+    """Opening this rank's TensorBoard event file fails with ENOSPC after ``allowed`` opens.
+
+    TensorBoard's writer opens the file for each record it writes (``io.open``, from its own writer thread).
+    """
+    real_open = io.open
+    directory = os.path.abspath(log_dir)
+    seen = [0]
+
+    def open_(path: Any, *args: Any, **kwargs: Any) -> Any:
+        full = os.path.abspath(os.fsdecode(path)) if isinstance(path, (str, bytes, os.PathLike)) else ""
+        if full.startswith(directory) and os.path.basename(full).startswith("events.out.tfevents."):
+            seen[0] += 1
+            if seen[0] > allowed:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), full)
+        return real_open(path, *args, **kwargs)
+
+    io.open = open_
+    try:
+        yield
+    finally:
+        io.open = real_open
 
 
 # ---- the parent's side: runs in a pool, and the expected rows from the value formula above ---------------------------

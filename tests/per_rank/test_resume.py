@@ -20,6 +20,8 @@ from typing import Any
 import pytest
 
 from tests.helpers.metrics_reference import comparable, expected_cells, file_cells, forked
+from tests.helpers.tensorboard_reference import cells as event_cells
+from tests.helpers.tensorboard_reference import event_files, read_scalars
 
 pytestmark = pytest.mark.slow
 
@@ -133,3 +135,37 @@ def test_mid_epoch_resume_logs_every_row_once_with_the_uninterrupted_values(rank
             return [row for row in table if not (row["epoch"] == "0" and row["loss_epoch"] != "")]
 
         assert same_rows(rows) == same_rows(uninterrupted), f"rank {rank}"
+
+
+def test_mid_epoch_resume_keeps_each_step_once_in_the_event_files(rank_pools: Any, tmp_path: Path) -> None:
+    """The same cut and resume with a TensorBoardLogger: each rank's event files hold each tag at each step once,
+    with the reference's values (the events after the checkpoint's step, written by the cut run, are gone from the
+    files themselves, whatever a reader would make of them)."""
+    pool = rank_pools(WORLD)
+    script = _script()
+    common: dict[str, Any] = {
+        "strategy": {"per_rank_metrics": True},
+        "loggers": "tensorboard",
+        "epochs": EPOCHS,
+        "batches": BATCHES,
+        "version": "run",
+        "checkpoint_every_n_steps": 2,
+        "timeout": 120,
+    }
+    cut = pool.run("tests.helpers.logging_scenarios:fit", (str(tmp_path), script), max_steps=4, **common)
+    assert [r["steps"] for r in cut] == [4, 4]
+    run_dir = tmp_path / "lightning_logs" / "run"
+    before = {rank: read_scalars(run_dir / f"rank_{rank}") for rank in range(WORLD)}
+    assert all(max(step for step, _ in found["loss_step"]) == 3 for found in before.values())  # past the checkpoint
+    checkpoint = tmp_path / "ckpt" / "epoch=0-step=2.ckpt"
+    pool.run("tests.helpers.logging_scenarios:fit", (str(tmp_path), script), ckpt_path=str(checkpoint), **common)
+
+    step_columns = {forked(e, True) for e in script["train"] if e["options"]["on_step"]}
+    epoch_columns = {forked(e, False) for e in script["train"] if e["options"]["on_epoch"]}
+    expected = _expected(script)
+    for rank in range(WORLD):
+        found = read_scalars(run_dir / f"rank_{rank}")  # every event file of the rank, the cut run's too
+        assert len(event_files(run_dir / f"rank_{rank}")) == 2  # the cut run's (cut back) and the resumed run's
+        assert [step for step, _ in found["loss_step"]] == list(range(EPOCHS * BATCHES)), f"rank {rank}"
+        got = event_cells(found, BATCHES, step_columns, epoch_columns)  # (raises on a tag written twice at one step)
+        assert comparable(got, expected[rank]) == comparable(expected[rank], expected[rank]), f"rank {rank}"

@@ -95,6 +95,9 @@ def test_files_land_in_the_run_log_dir_for_every_logger_setup(
     assert {Path(r["log_dir"]).resolve() for r in results} == {directory}
     for rank in range(2):
         assert (directory / f"rank_{rank}" / "metrics.csv").is_file()
+        # TensorBoard event files per rank only when the first logger is a TensorBoardLogger
+        events = list((directory / f"rank_{rank}").glob("events.out.tfevents.*"))
+        assert len(events) == (1 if loggers in ("tensorboard", "several") else 0), loggers
     expected_loggers = {
         "csv": ["CSVLogger"],
         "tensorboard": ["TensorBoardLogger"],

@@ -1,0 +1,222 @@
+"""Each rank's TensorBoard event files: the per-rank rows as scalars in ``<log_dir>/rank_<r>/``, one run per rank.
+
+Written when the trainer's first logger is a ``TensorBoardLogger``, with that logger's writer, tags and steps, and this
+rank's local values (its CSV file's rows), one event per row. A failure warns once and stops them on that rank only
+(``docs/per-rank-metrics.md``, "TensorBoard").
+"""
+
+import contextlib
+import importlib
+import posixpath
+import struct
+import warnings
+from collections.abc import Mapping
+from typing import Any
+
+from lightning.fabric.loggers.tensorboard import _TENSORBOARD_AVAILABLE
+from lightning.pytorch.loggers import TensorBoardLogger
+
+from lightning_ext._per_rank.csv_format import ESCAPE, TELEMETRY
+from lightning_ext._per_rank.storage import glob_escape, join, split_location, write_whole
+from lightning_ext._per_rank.writer import PerRankMetrics
+from lightning_ext.errors import RankMetricsWarning
+
+__all__ = ["EVENT_FILES", "RANK_DIRECTORY", "RankEventFiles", "event_files_for", "events_up_to"]
+
+RANK_DIRECTORY = "rank_{rank}"  # under the log directory: one TensorBoard run per rank
+EVENT_FILES = "events.out.tfevents.*"  # TensorBoard's own name for its event files
+_WRITER_OPTIONS = ("max_queue", "flush_secs", "filename_suffix")  # a TensorBoardLogger's options that reach its writer
+_HEADER = struct.Struct("<QI")  # a record: its length, the length's CRC, the event, the event's CRC (TFRecord)
+# by whether tensorboard is installed, as Lightning's TensorBoardLogger chooses: the writer's module, its protobufs
+_WRITERS = {
+    True: ("torch.utils.tensorboard", "tensorboard.compat.proto"),
+    False: ("tensorboardX", "tensorboardX.proto"),
+}
+_STOPPED_HERE: set[str] = set()  # directories whose event files failed in this process: they stay stopped
+
+
+def event_files_for(trainer: Any, log_dir: str, rank: int, options: PerRankMetrics) -> "RankEventFiles | None":
+    """This rank's event files, if the trainer's first logger is a ``TensorBoardLogger`` and ``options`` want them.
+
+    Args:
+        trainer: the run's trainer.
+        log_dir: the run's log directory (the first logger's, agreed by every rank).
+        rank: this process's global rank.
+        options: the per-rank options (``tensorboard``, ``telemetry``).
+
+    """
+    first = trainer.loggers[0] if options.tensorboard and trainer.loggers else None
+    if not isinstance(first, TensorBoardLogger):
+        return None
+    writer_options = {name: value for name, value in first._kwargs.items() if name in _WRITER_OPTIONS}
+    return RankEventFiles(
+        log_dir, rank, prefix=first._prefix, writer_options=writer_options, telemetry=options.telemetry
+    )
+
+
+class RankEventFiles:
+    """This rank's TensorBoard event files; never raises into the training.
+
+    The writer opens on the first row. A run resumed from a checkpoint first drops, from the event files already
+    there, every event after the checkpoint's step (the resumed run logs those steps again), as the CSV file drops its
+    rows: TensorBoard's readers do not drop them by themselves (``tensorboard`` 2.21 ignores a ``purge_step``).
+
+    Args:
+        log_dir: the run's log directory (a path or an fsspec URL the writer accepts).
+        rank: this process's global rank.
+        prefix: the ``TensorBoardLogger``'s ``prefix``, put before each tag as that logger does.
+        writer_options: the logger's options for its writer (``max_queue``, ``flush_secs``, ``filename_suffix``).
+        telemetry: telemetry is on: a metric of the user's named ``telemetry/...`` becomes ``metric:telemetry/...``,
+            as in the CSV file, so that it does not mix with the rank's telemetry.
+
+    """
+
+    def __init__(
+        self,
+        log_dir: str,
+        rank: int,
+        *,
+        prefix: str = "",
+        writer_options: Mapping[str, Any] | None = None,
+        telemetry: bool = False,
+    ) -> None:
+        self.directory = join(log_dir, RANK_DIRECTORY.format(rank=rank))
+        self._rank = rank
+        self._prefix = f"{prefix}{TensorBoardLogger.LOGGER_JOIN_CHAR}" if prefix else ""
+        self._writer_options = dict(writer_options or {})
+        self._telemetry = telemetry
+        self._writer: Any = None
+        self._file_writer: Any = None
+        self._classes: tuple[Any, Any, Any] = (None, None, None)  # the writer's, its Event's and its Summary's
+        self.stopped = self.directory in _STOPPED_HERE
+        if not self.stopped:
+            try:
+                self._classes = _writer_classes()  # imported at set-up, not in the first training step
+            except Exception as error:
+                self._stop(error, "loading TensorBoard's writer")
+
+    def log_row(self, row: Mapping[str, float], step: int, resumed_from: int | None) -> None:
+        """Write one logged row (a per-rank CSV row) as one event at ``step``.
+
+        Args:
+            row: the row's metrics, by name (this rank's local values).
+            step: the row's step.
+            resumed_from: the checkpoint's step if the run was resumed, else ``None``.
+
+        """
+        self._write(((self._tag(name), value) for name, value in row.items()), step, resumed_from)
+
+    def log_telemetry(self, row: Mapping[str, float], step: int, resumed_from: int | None) -> None:
+        """Write a telemetry row's ``telemetry/*`` columns (its ``epoch`` is already in the metric rows)."""
+        values = ((self._prefix + name, value) for name, value in row.items() if name.startswith(TELEMETRY))
+        self._write(values, step, resumed_from)
+
+    def flush(self) -> None:
+        """Wait until the events handed to the writer are in the file."""
+        if self._file_writer is not None and not self.stopped:
+            try:
+                self._file_writer.flush()
+            except Exception as error:
+                self._stop(error, "writing events")
+
+    def close(self) -> None:
+        """Flush and close the event file (the end of each stage); a later row opens a new one."""
+        writer, self._writer, self._file_writer = self._writer, None, None
+        if writer is not None and not self.stopped:
+            try:
+                writer.close()
+            except Exception as error:
+                self._stop(error, "closing the event file")
+
+    def _tag(self, name: str) -> str:
+        if self._telemetry and name.startswith(TELEMETRY):
+            name = ESCAPE + name
+        return self._prefix + name
+
+    def _write(self, values: Any, step: int, resumed_from: int | None) -> None:
+        if self.stopped:
+            return
+        doing = "opening the event file"
+        try:
+            if self._file_writer is None:
+                self._open(resumed_from)
+            doing = "writing a row"
+            summary = self._classes[2]
+            scalars = [summary.Value(tag=tag, simple_value=float(value)) for tag, value in values]
+            if scalars:
+                self._file_writer.add_summary(summary(value=scalars), step)
+        except Exception as error:
+            self._stop(error, doing)
+
+    def _open(self, resumed_from: int | None) -> None:
+        writer_class, event_class, _ = self._classes
+        if resumed_from is not None:
+            self._drop_events_after(resumed_from, event_class)
+        self._writer = writer_class(log_dir=self.directory, **self._writer_options)
+        self._file_writer = self._writer._get_file_writer()  # as Lightning's log_hyperparams reaches it
+
+    def _drop_events_after(self, step: int, event_class: Any) -> None:
+        """Rewrite each event file already in the directory without its events after ``step`` (and a torn tail)."""
+        fs, directory, local = split_location(self.directory)
+        if not fs.isdir(directory):
+            return
+        for path in sorted(fs.glob(posixpath.join(glob_escape(directory), EVENT_FILES))):
+            kept = events_up_to(fs.cat_file(path), step, event_class)
+            if kept is not None:
+                write_whole(path if local else fs.unstrip_protocol(path), kept)
+
+    def _stop(self, error: Exception, doing: str) -> None:
+        """Stop this rank's event files for the rest of the process, keeping what was written; warn once."""
+        self.stopped = True
+        _STOPPED_HERE.add(self.directory)
+        writer, self._writer, self._file_writer = self._writer, None, None
+        if writer is not None:
+            with contextlib.suppress(Exception):  # the writer's thread may have failed; what it wrote stays
+                writer.close()
+        warnings.warn(
+            f"Per-rank TensorBoard events of rank {self._rank} stopped: {type(error).__name__}: {error} (while"
+            f" {doing}). {self.directory} keeps the events written so far. Training goes on; this rank's CSV file and"
+            " the other ranks' files are not affected.",
+            RankMetricsWarning,
+            stacklevel=4,
+        )
+
+
+def _writer_classes() -> tuple[Any, Any, Any]:
+    """The ``SummaryWriter`` class that ``TensorBoardLogger`` uses, and its package's ``Event`` and ``Summary``."""
+    writer, protos = _WRITERS[bool(_TENSORBOARD_AVAILABLE)]
+    return (
+        importlib.import_module(writer).SummaryWriter,
+        importlib.import_module(f"{protos}.event_pb2").Event,
+        importlib.import_module(f"{protos}.summary_pb2").Summary,
+    )
+
+
+def events_up_to(data: bytes, step: int, event_class: Any) -> bytes | None:
+    """An event file's records whose event has ``step <= step``, byte for byte; ``None`` if that is every record.
+
+    A record cut short at the end (a crash mid-write) is dropped too, and so is anything after a record that does not
+    parse.
+
+    Args:
+        data: the event file's bytes (TFRecord: length, CRC of the length, the serialized ``Event``, its CRC).
+        step: the last step kept.
+        event_class: the ``Event`` protobuf class of the writer's package.
+
+    """
+    kept, position, dropped = [], 0, False
+    while position + _HEADER.size <= len(data):
+        length = _HEADER.unpack_from(data, position)[0]
+        start, end = position + _HEADER.size, position + _HEADER.size + length + 4
+        if end > len(data):
+            break
+        try:
+            event = event_class.FromString(data[start : start + length])
+        except Exception:  # whatever the protobuf runtime raises: the rest cannot be trusted
+            break
+        if event.step <= step:
+            kept.append(data[position:end])
+        else:
+            dropped = True
+        position = end
+    return b"".join(kept) if dropped or position < len(data) else None
