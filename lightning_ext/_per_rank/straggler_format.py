@@ -10,8 +10,9 @@ from typing import Any
 
 import pandas as pd
 
+from lightning_ext._per_rank.host_memory import HOST_SHARE
 from lightning_ext._per_rank.spread import OUTLIER
-from lightning_ext._per_rank.stragglers import HOST_SHARE, MIN_SHARE
+from lightning_ext._per_rank.stragglers import MIN_SHARE
 from lightning_ext._per_rank.summary_format import csv_text, json_value
 
 __all__ = ["RULE", "duration", "memory_lines", "size", "stragglers_csv", "stragglers_records", "stragglers_text"]
