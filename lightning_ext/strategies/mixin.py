@@ -18,16 +18,18 @@ from lightning_ext._packages.choice import Package, check_one_package, package_o
 from lightning_ext._per_rank import local_values
 from lightning_ext._per_rank.decision_file import DecisionFile
 from lightning_ext._per_rank.logger import RankCSVLogger, loggers_for
-from lightning_ext._per_rank.telemetry import (
-    BACKWARD,
+from lightning_ext._per_rank.step_timer import (
     COLLECTIVES,
     FORWARD,
     OPTIMIZER,
+    GradientWait,
     StepTimer,
-    Telemetry,
     timed,
+    timed_backward,
     timing,
 )
+from lightning_ext._per_rank.straggler_watch import StragglerWatch
+from lightning_ext._per_rank.telemetry import Telemetry
 from lightning_ext._per_rank.tensorboard_files import event_files_for
 from lightning_ext._setup import checks as setup_checks
 from lightning_ext.policies import DecisionPolicy, resolve_policy
@@ -123,6 +125,8 @@ class PolicyStrategyMixin(_Strategy):
         self.rank_metrics_logger: RankCSVLogger | None = None
         self._telemetry: Telemetry | None = None
         self._step_timer: StepTimer | None = None  # times the phases below while telemetry is on
+        self._gradient_wait: GradientWait | None = None  # and the wait at the end of each backward pass
+        self._straggler_watch: StragglerWatch | None = None
         self._hang_guard = HangGuard(
             options.hang_checks,
             options.uneven_batches,
@@ -130,6 +134,7 @@ class PolicyStrategyMixin(_Strategy):
             self._flush_rank_files,
             stall_options,
             preemption,
+            self._waiting,
         )
         self._decision_record = options.decision_record
         self.decision_file: DecisionFile | None = None  # rank 0's record, during a run
@@ -219,9 +224,16 @@ class PolicyStrategyMixin(_Strategy):
         options = self._per_rank_metrics
         if self.rank_metrics_logger is not None and trainer is not None and options is not None and options.telemetry:
             cuda = self.root_device if self.root_device.type == "cuda" else None
-            self._telemetry = Telemetry(self.rank_metrics_logger, self._rank(), options.telemetry_every_n_steps, cuda)
-            self._telemetry.attach(trainer)
-            self._step_timer = self._telemetry.timer
+            window = options.straggler_window or 0
+            telemetry = Telemetry(self.rank_metrics_logger, self._rank(), options.telemetry_every_n_steps, cuda, window)
+            telemetry.attach(trainer)
+            self._telemetry, self._step_timer, self._gradient_wait = telemetry, telemetry.timer, telemetry.gradient_wait
+            watchdog = self._hang_guard.watchdog  # the live check rides on the watchdogs' mailboxes, where they run
+            if window and watchdog is not None and self._run_log_dir is not None:
+                reminder = options.straggler_reminder_minutes * 60
+                self._straggler_watch = StragglerWatch(
+                    telemetry, watchdog, self._rank(), self.world_size, window, reminder, self._run_log_dir
+                )
 
     @override
     def on_validation_start(self) -> None:
@@ -235,6 +247,12 @@ class PolicyStrategyMixin(_Strategy):
 
     @override
     def teardown(self) -> None:
+        watch, self._straggler_watch = self._straggler_watch, None
+        if watch is not None:
+            watch.stop()
+        telemetry, self._telemetry, self._step_timer, self._gradient_wait = self._telemetry, None, None, None
+        if telemetry is not None:
+            telemetry.detach()  # its last row, and the methods it shadowed given back before the others' (the stop's)
         self._hang_guard.unwatch_backward_passes(self)
         setup_checks.stop()
         try:
@@ -245,9 +263,6 @@ class PolicyStrategyMixin(_Strategy):
         if decision_file is not None:
             decision_file.close()
         rank_logger, self.rank_metrics_logger = self.rank_metrics_logger, None
-        telemetry, self._telemetry, self._step_timer = self._telemetry, None, None
-        if telemetry is not None:
-            telemetry.detach()  # its last row, before the file is closed
         if rank_logger is not None:
             local_values.stop_capture()
             rank_logger.close()
@@ -278,7 +293,7 @@ class PolicyStrategyMixin(_Strategy):
 
     @override
     def backward(self, *args: Any, **kwargs: Any) -> Any:
-        return timed(self._step_timer, BACKWARD, super().backward, *args, **kwargs)
+        return timed_backward(self._gradient_wait, super().backward, *args, **kwargs)
 
     @override
     def optimizer_step(self, *args: Any, **kwargs: Any) -> Any:
@@ -327,6 +342,10 @@ class PolicyStrategyMixin(_Strategy):
             parts += [(f"the callback {type(callback).__name__}", callback) for callback in trainer.callbacks]
             parts += [(f"the logger {type(logger).__name__}", logger) for logger in trainer.loggers]
         check_one_package(self._lightning_package, parts, type(self).__name__)
+
+    def _waiting(self) -> timing:
+        """Around a hang check's exchange: this rank waits for the others there (a collective of telemetry's)."""
+        return timing(self._step_timer, COLLECTIVES)
 
     def _flush_rank_files(self) -> None:
         if self.rank_metrics_logger is not None:
