@@ -19,7 +19,6 @@ __all__ = [
     "RankGroup",
     "abort_process_groups",
     "all_gather_objects",
-    "broadcast_from_zero",
     "exact_mean_input",
     "exchange_partners",
     "gather_in_store",
@@ -85,16 +84,6 @@ def all_gather_objects(obj: Any, ranks: RankGroup) -> list[Any]:
     gathered: list[Any] = [None] * ranks.world_size
     dist.all_gather_object(gathered, obj, group=ranks.group)
     return gathered
-
-
-def broadcast_from_zero(value: int, rank: int, device: Any) -> int:
-    """Rank 0's ``value`` on every rank, as Lightning's ``_broadcast_sigterm_tensor`` sends it; 0 if that fails."""
-    try:
-        flag = torch.tensor([value if rank == 0 else 0], device=device)
-        dist.broadcast(flag, src=0)
-    except Exception:
-        flag = torch.tensor([0], device=device)
-    return int(flag.item())
 
 
 def is_initialized() -> bool:

@@ -2,7 +2,8 @@
 
 Hypothesis profiles (choose with ``HYPOTHESIS_PROFILE=<name>``, default ``ci``):
 
-* ``ci``: quick, for every push (a few dozen examples per property);
+* ``ci``: for every push, randomized: each run searches from a fresh seed, printed at its start and end
+  (``hypothesis seed: N``); ``HYPOTHESIS_SEED=N`` (or ``--hypothesis-seed=N``) replays that run's examples;
 * ``quick``: a third of ``ci``, for the reruns of whole suites in another set-up (the native patches), where the
   search itself already ran under ``ci``;
 * ``thorough``: many examples, for a run by hand before a release:
@@ -12,9 +13,11 @@ Hypothesis profiles (choose with ``HYPOTHESIS_PROFILE=<name>``, default ``ci``):
 from __future__ import annotations
 
 import os
+import random
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -24,10 +27,35 @@ from tests.helpers.pool import RankPool, tasks_renamed
 from tests.helpers.pytorch_lightning import TESTS
 
 _HEALTH = [HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
-settings.register_profile("ci", max_examples=100, deadline=None, derandomize=True, suppress_health_check=_HEALTH)
+settings.register_profile("ci", max_examples=100, deadline=None, suppress_health_check=_HEALTH)
 settings.register_profile("quick", parent=settings.get_profile("ci"), max_examples=30)
 settings.register_profile("thorough", max_examples=1500, deadline=None, suppress_health_check=_HEALTH)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+SEED_VARIABLE = "HYPOTHESIS_SEED"
+
+
+@pytest.hookimpl(tryfirst=True)  # before Hypothesis' own plugin reads --hypothesis-seed
+def pytest_configure(config: pytest.Config) -> None:
+    """One seed for every property of this run: ``--hypothesis-seed``, else ``HYPOTHESIS_SEED``, else a fresh one.
+
+    It goes into the environment too, so that the suites this run starts in subprocesses search from the same seed.
+    """
+    seed = config.getoption("hypothesis_seed", None) or os.environ.get(SEED_VARIABLE)
+    if seed is None:
+        seed = str(random.SystemRandom().randrange(2**32))
+    config.option.hypothesis_seed = str(seed)
+    os.environ[SEED_VARIABLE] = str(seed)
+
+
+def _seed_line(config: pytest.Config) -> str:
+    seed = config.option.hypothesis_seed
+    return f"hypothesis seed: {seed} (replay this run's examples: {SEED_VARIABLE}={seed} or --hypothesis-seed={seed})"
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    terminalreporter.write_line(_seed_line(config))
+
 
 # Every new TCPStore client makes torch look its server's address up in reverse DNS (for a log line); a resolver that
 # drops the query holds the connection for its whole timeout, 5 s by default (about one connection in 12 on this
@@ -64,7 +92,11 @@ def rank_pools() -> Iterator[_Pools]:
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
-    """Under ``LIGHTNING_EXT_EXPECT_NATIVE`` (tests/patches/test_native.py), prove the native seams are in use."""
+    """Print the run's Hypothesis seed; under ``LIGHTNING_EXT_EXPECT_NATIVE`` (tests/patches/test_native.py), prove
+    the native seams are in use."""
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(_seed_line(session.config))
     expected = os.environ.get("LIGHTNING_EXT_EXPECT_NATIVE")
     if expected:
         import lightning

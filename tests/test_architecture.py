@@ -1,10 +1,12 @@
-"""The layout docs/architecture.md states: every module listed there, a short top level, short modules."""
+"""The layout docs/architecture.md states: every module listed there, a short top level, short modules, no cycles."""
 
 from __future__ import annotations
 
 import ast
 import re
 from pathlib import Path
+
+import grimp
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "lightning_ext"
@@ -39,67 +41,23 @@ def test_no_module_is_over_400_lines_and_each_module_docstring_is_at_most_five_l
 
 
 # ---- the rules the page states ------------------------------------------------------------------------------------
-def _import_graph() -> dict[str, set[str]]:
-    """Every module of lightning_ext -> the modules of lightning_ext it imports, imports for type checking included."""
-    import grimp
-
-    graph = grimp.build_graph("lightning_ext", exclude_type_checking_imports=False)
-    return {module: set(graph.find_modules_directly_imported_by(module)) for module in graph.modules}
-
-
-def _cycles(edges: dict[str, set[str]]) -> list[set[str]]:
-    """The strongly connected components of more than one module (Tarjan's algorithm, iterative)."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    found: list[set[str]] = []
-    for root in sorted(edges):
-        if root in index:
-            continue
-        work = [(root, iter(sorted(edges[root])))]
-        index[root] = low[root] = len(index)
-        stack.append(root)
-        while work:
-            module, successors = work[-1]
-            step = next(successors, None)
-            if step is not None:
-                if step not in index:
-                    index[step] = low[step] = len(index)
-                    stack.append(step)
-                    work.append((step, iter(sorted(edges[step]))))
-                elif step in stack:
-                    low[module] = min(low[module], index[step])
-                continue
-            work.pop()
-            if work:
-                low[work[-1][0]] = min(low[work[-1][0]], low[module])
-            if low[module] == index[module]:
-                component = set()
-                while True:
-                    member = stack.pop()
-                    component.add(member)
-                    if member == module:
-                        break
-                if len(component) > 1:
-                    found.append(component)
-    return found
-
-
-# cut by the other half of issue 32 (the _hang/ messages): drop this once that change is in
-_BEING_CUT = [{"lightning_ext._hang.lockstep", "lightning_ext._hang.messages"}]
-
-
 def test_no_import_cycle_even_through_imports_made_for_type_checking() -> None:
-    cycles = _cycles(_import_graph())
-    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [{"a", "b", "c"}]  # the search finds one
-    new = [cycle for cycle in cycles if cycle not in _BEING_CUT]
-    assert not new, f"import cycles (type-checking imports included): {new}"
+    """import-linter leaves out the imports under ``if TYPE_CHECKING:``; a cycle through them is still a cycle."""
+    graph = grimp.build_graph("lightning_ext", exclude_type_checking_imports=False)
+    cycles = [
+        (module, imported)
+        for module in sorted(graph.modules)
+        for imported in sorted(graph.find_modules_directly_imported_by(module))
+        if graph.chain_exists(imported, module)
+    ]
+    assert not cycles, f"import cycles (a module, one it imports that leads back to it): {cycles}"
 
 
 def test_the_bottom_layers_vocabulary_imports_nothing_of_lightning_ext() -> None:
-    graph = _import_graph()
+    graph = grimp.build_graph("lightning_ext", exclude_type_checking_imports=False)
     for module in ("lightning_ext.policies", "lightning_ext.errors"):
-        assert not graph[module], f"{module} imports {sorted(graph[module])}"
+        imported = graph.find_modules_directly_imported_by(module)
+        assert not imported, f"{module} imports {sorted(imported)}"
 
 
 _TALKS_TO_RANKS = {

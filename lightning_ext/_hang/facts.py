@@ -55,6 +55,8 @@ class Call:
         index: this call's number among the counted calls on that group (1 for the first).
         name: what was called, for people: ``torch.distributed.all_gather (via LightningModule.all_gather)``.
         site: where in the user's code: ``model.py:40 in validation_step``.
+        lightning: whether Lightning's own flow made it (the user's code only called ``trainer.fit``, ``validate``,
+            ...): every rank makes such a call in its normal flow, so it is never the call that some ranks made alone.
 
     """
 
@@ -62,6 +64,7 @@ class Call:
     index: int
     name: str
     site: str
+    lightning: bool = False
 
 
 @dataclass(frozen=True)
@@ -82,6 +85,7 @@ class Facts:
         recent: its last counted collective calls outside backward passes, oldest first (to name a call that other
             ranks did not make).
         at: the innermost frame of user code, for people only (never part of a verdict).
+        batches: the batches it has started in the run, in every stage (how far it got: to name the ranks behind).
 
     """
 
@@ -96,6 +100,7 @@ class Facts:
     signal: str | None = None
     recent: tuple[Call, ...] = ()
     at: str | None = None
+    batches: int = 0
 
 
 class Recorder:
@@ -115,6 +120,7 @@ class Recorder:
         self.checks = 0  # the last check passed (set before ``check`` is cleared)
         self.counts: dict[str, int] = {}
         self.backwards = 0
+        self.batches = 0  # batches started, every stage (counted by the logging checks' seam)
         self.signal: str | None = None
         self.recent: deque[Call] = deque(maxlen=8)
         self._inside: tuple[str, int, str, FrameType, Call | None, float] | None = None
@@ -246,6 +252,7 @@ class Recorder:
             signal=self.signal,
             recent=tuple(self.recent),
             at=None if frame is None else user_site(frame, default=None),
+            batches=self.batches,
         )
 
     def _group_key(self, group: Any) -> str | None:
@@ -337,5 +344,5 @@ def _counted(function: Callable[..., Any], name: str) -> Callable[..., Any]:
 
 def make_call(group: str, index: int, name: str, caller: FrameType) -> Call:
     """The :class:`Call` for ``torch.distributed.<name>``, called from ``caller``."""
-    via, site = called_as(caller)
-    return Call(group, index, f"torch.distributed.{name}" + (f" (via {via})" if via else ""), site)
+    via, site, lightning = called_as(caller)
+    return Call(group, index, f"torch.distributed.{name}" + (f" (via {via})" if via else ""), site, lightning)

@@ -2,7 +2,7 @@
 
 import contextlib
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any, Literal
 
@@ -13,8 +13,9 @@ from torch.nn.parallel import DistributedDataParallel
 from lightning_ext import _collective, errors
 from lightning_ext._hang import loaders, logs, stall
 from lightning_ext._hang.facts import Recorder, SignalConsumer
-from lightning_ext._hang.lockstep import Lockstep, Point, raise_record, record_of
+from lightning_ext._hang.lockstep import Lockstep, raise_record, record_of
 from lightning_ext._hang.messages import signalled_message
+from lightning_ext._hang.points import Point, collective_point
 from lightning_ext._hang.sites import called_as
 from lightning_ext._hang.stop import StopController
 from lightning_ext._hang.watchdog import Watchdog
@@ -139,7 +140,7 @@ class HangGuard:
         if self.recorder is not None:
             self.recorder.watch_signals()
         if self.preemption is not None:
-            self.preemption.attach()  # in a fit, the stop rides on Lightning's per-step broadcast
+            self.preemption.attach()  # in a fit, in place of Lightning's per-step broadcast
 
     def watch_backward_passes(self, strategy: Any) -> None:
         """Note when ``strategy``'s rank is in an autograd backward pass, and whether DDP all-reduces its gradients.
@@ -180,11 +181,33 @@ class HangGuard:
         finally:
             recorder.checked = False
 
+    def check_pack(self, metrics: list[Any], phase: str) -> None:
+        """Before the coalesced sync of ``metrics``' ``phase`` values: a hook's step values are checked together (an
+        epoch round's were checked when the round started)."""
+        checks = logs.active()
+        if self.lockstep is not None and checks is not None and phase == "step":
+            logs.check_pack(checks, metrics)
+
+    @contextlib.contextmanager
+    def without_barrier(self) -> Iterator[None]:
+        """Within the block, Lightning's barrier before an all-reduce is skipped: a check lined the ranks up (or, with
+        the checks off, the coalesced sync's all-reduce needs none); the calls there are not the odd ones out."""
+        recorder = None if self.lockstep is None else self.lockstep.recorder
+        with _collective.lightning_barrier_skipped():
+            if recorder is None:
+                yield
+                return
+            recorder.checked = True
+            try:
+                yield
+            finally:
+                recorder.checked = False
+
     def check_call(self, call: str, identity: tuple[Any, ...], *, debug_only: bool = False) -> None:
         """Check before a collective call of the strategy (``barrier``, ``broadcast``, ``all_gather``)."""
         if self.lockstep is None or (debug_only and self.mode != "debug") or not _collective.is_initialized():
             return
-        self.lockstep.require(Point("collective", identity, f"{call} {_called_as(sys._getframe(1))}"))
+        self.lockstep.require(collective_point(call, identity, called_as(sys._getframe(1))))
 
     def on_failure(self, error: BaseException, rank: int) -> None:
         """A fit/validate/test raised on this rank: flush, then make every rank end with the same error.
@@ -232,9 +255,3 @@ class HangGuard:
     def _safe_flush(self) -> None:
         with contextlib.suppress(Exception):  # a diagnostic must never stand in the way of the real error
             self._flush()
-
-
-def _called_as(frame: Any) -> str:
-    """``(via Trainer.log_dir) called from model.py:40 in validation_step``: the API the user called, and where."""
-    api, site = called_as(frame)
-    return f"via {api} called from {site}" if api else f"called from {site}"

@@ -16,20 +16,20 @@ __all__ = [
     "syncing",
 ]
 
-_UNCHECKED = nullcontext()  # reusable: what the context managers below are when no checks run
+UNCHECKED = nullcontext()  # reusable: what the context managers below are when no checks run
 
 
 def syncing(result_metric: Any, phase: str) -> AbstractContextManager[None]:
     """Around ``_ResultMetric.forward`` (``"step"``) or ``compute`` (``"epoch"``): the value that syncs inside."""
     if logs.active() is None:
-        return _UNCHECKED
+        return UNCHECKED
     return logs.syncing(result_metric, phase)
 
 
 def epoch_round(results: Any, on_step: bool) -> AbstractContextManager[None]:
     """Around ``_ResultCollection.metrics(on_step)``: before the epoch values sync, check the keys on every rank."""
     if on_step or logs.active() is None:
-        return _UNCHECKED
+        return UNCHECKED
     return logs.epoch_round(results)
 
 

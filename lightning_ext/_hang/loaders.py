@@ -8,8 +8,10 @@ from typing import Any, Literal
 from lightning.pytorch.utilities import rank_zero_warn
 
 from lightning_ext import errors
-from lightning_ext._hang.lockstep import Lockstep, Point
-from lightning_ext._hang.messages import FIXES, count_text, describe_divergence
+from lightning_ext._hang.lockstep import Lockstep
+from lightning_ext._hang.messages import FIXES, count_text, describe_divergence, first_line
+from lightning_ext._hang.points import Point
+from lightning_ext._hang.wording import grouped_lines, ranks_text
 
 __all__ = ["LoaderChecks", "active", "start", "stop"]
 
@@ -182,12 +184,12 @@ def _truncation_note(name: str, points: list[Point]) -> str:
 def _unsized_error(name: str, points: list[Point]) -> errors.UnevenBatchesError:
     ran_out = [rank for rank, p in enumerate(points) if p.detail["done"]]
     more = [rank for rank, p in enumerate(points) if not p.detail["done"]]
-    lines = [
-        f"Uneven data: the {name} (no length) ran out on rank(s) {ran_out} while rank(s) {more} have more batches;"
-        " the ranks would run different numbers of steps and hang:",
-        *(f"  rank {rank}: {p.where}" for rank, p in enumerate(points)),
-        FIXES["loaders"],
-    ]
+    fetched = min(p.detail["fetched"] for p in points)
+    head = (
+        f"Uneven data: the {name} (no length) ran out after {fetched} batch(es) on {ranks_text(ran_out, 3)} while"
+        f" {ranks_text(more, 3)} had more."
+    )
+    lines = [first_line(head, ""), *grouped_lines((rank, p.where) for rank, p in enumerate(points)), FIXES["loaders"]]
     return errors.UnevenBatchesError("\n".join(lines))
 
 

@@ -1,64 +1,26 @@
 """Lockstep: every rank must pass the same checks in the same order; the first difference is an error."""
 
 import dataclasses
-import functools
-import hashlib
 import threading
 import time
 import traceback
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass, field
-from typing import Any, NoReturn
+from typing import NoReturn
 
 from lightning_ext import _collective, errors
-from lightning_ext._hang.facts import Facts, Recorder
+from lightning_ext._hang.facts import Recorder
 from lightning_ext._hang.messages import describe_deadlock, describe_divergence, signalled_message
+from lightning_ext._hang.points import Label, Point, fingerprint_at, labelled
 from lightning_ext._hang.verdict import deadlock
 from lightning_ext._hang.watchdog import ErrorRecord, Watchdog
 from lightning_ext.errors import mark_joint
 
-__all__ = ["Label", "Lockstep", "Point", "labelled", "raise_record", "record_of"]
-
-Label = str | Callable[[], str]
+__all__ = ["Lockstep", "raise_record", "record_of"]
 
 _FIRST_WAIT = 2.0  # seconds before a waiting rank first asks the others for their facts
 _NEXT_WAIT = 1.0  # then between two looks, doubling up to _MAX_WAIT (only when to look: no verdict depends on it)
 _MAX_WAIT = 30.0
-
-
-@dataclass(frozen=True)
-class Point:
-    """One checkpoint: what a rank is about to do.
-
-    Attributes:
-        kind: ``"log"``, ``"epoch_logs"``, ``"loaders"``, ``"collective"`` or ``"batch"``; picks the error class.
-        identity: what must be equal on every rank (hashed into the fingerprint).
-        where: what it is, for people: ``self.log('loss', sync_dist=True) in training_step (model.py:31)``.
-        detail: extra data for the error message and for resolving a mismatch (e.g. batch counts).
-
-    """
-
-    kind: str
-    identity: tuple[Any, ...]
-    where: str
-    detail: Any = field(default=None, compare=False)
-    position: int = field(default=0, compare=False)  # set on the error path: where in the run (a batch number)
-    facts: Facts | None = field(default=None, compare=False)  # set on the error path: the rank's facts then
-
-    @functools.cached_property
-    def fingerprint(self) -> int:
-        """A 62-bit digest of ``identity`` (it fits an int64, sent as one)."""
-        return _fingerprint(self.identity)
-
-
-def _at(fingerprint: int, position: int, calls: int) -> int:
-    """``fingerprint`` made specific to ``position`` and to the number of collective calls made so far (62 bits)."""
-    if position:
-        fingerprint ^= position * 0x9E3779B97F4A7C15
-    if calls:
-        fingerprint ^= calls * 0xC2B2AE3D27D4EB4F
-    return fingerprint & 0x3FFFFFFFFFFFFFFF
 
 
 def _nothing() -> None:
@@ -67,18 +29,6 @@ def _nothing() -> None:
 
 def _ignore_signal(name: str, text: str) -> None:
     return None
-
-
-def labelled(point: Point, position: int, label: Label) -> Point:
-    """``point`` described with its ``label`` (``"... at batch_idx 3 of training"``), for an error message."""
-    text = label() if callable(label) else label
-    return dataclasses.replace(point, where=f"{point.where} at {text}", position=position) if text else point
-
-
-@functools.lru_cache(maxsize=4096)
-def _fingerprint(identity: tuple[Any, ...]) -> int:
-    digest = hashlib.blake2b(repr(identity).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") >> 2
 
 
 class Lockstep:
@@ -114,7 +64,7 @@ class Lockstep:
             self._before_error()
             raise_record(posted)
         recorder = self.recorder
-        fingerprint = _at(point.fingerprint, position, recorder.total())
+        fingerprint = fingerprint_at(point.fingerprint, position, recorder.total())
         with self.waiting():
             with self._lock:
                 self.count += 1

@@ -2,18 +2,21 @@
 
 import functools
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from lightning_ext._hang.lockstep import Lockstep, Point
+from lightning_ext._hang.lockstep import Lockstep
+from lightning_ext._hang.points import Point, collective_point
+from lightning_ext._hang.sites import called_as
 from lightning_ext._hang.sites import user_site as site_of
 
 __all__ = [
     "LogChecks",
     "active",
     "batch_started",
+    "check_pack",
     "check_reduce",
     "epoch_round",
     "start",
@@ -23,6 +26,7 @@ __all__ = [
 ]
 
 _STATE = "_lightning_ext_checks"
+_UNKNOWN = "an unknown line"  # where a value was logged, when it was logged before the checks started
 
 
 class _MetricState:
@@ -54,7 +58,6 @@ class LogChecks:
     phase: str = ""  # "step" or "epoch"
     part: int = 0  # the how-many-th sync of this metric in this phase (a mean syncs its sum, then its count)
     covered: bool = False  # an epoch round's check already covered the per-key syncs
-    batches: int = 0  # batches started on this rank (every stage): a step value's sync must happen at the same one
 
 
 _ACTIVE: LogChecks | None = None
@@ -80,8 +83,8 @@ def active() -> LogChecks | None:
 def batch_started() -> None:
     """A train or evaluation batch starts (the logger connector's ``on_batch_start`` seam)."""
     checks = _ACTIVE
-    if checks is not None:
-        checks.batches += 1
+    if checks is not None:  # a step value's sync must happen at the same batch (of every stage) on every rank
+        checks.lockstep.recorder.batches += 1
 
 
 @contextmanager
@@ -127,18 +130,28 @@ def check_reduce(checks: LogChecks, tensor: Any, reduce_op: Any) -> None:
     """Check one ``strategy.reduce`` call: a logged value's sync (at its batch or epoch round), or another reduce."""
     metric = checks.metric
     if metric is None:
-        site = user_site()
         identity = ("reduce", str(reduce_op), str(tensor.dtype), tuple(tensor.shape))
-        where = f"strategy.reduce(..., reduce_op={reduce_op!r}) called from {site}"
-        checks.lockstep.require(Point("collective", identity, where))
+        call = f"strategy.reduce(..., reduce_op={reduce_op!r})"
+        checks.lockstep.require(collective_point(call, identity, called_as(sys._getframe(1))))
         return
     if checks.covered and checks.phase == "epoch":
         return
     point = _log_point(checks, metric)
     if checks.phase == "step":
-        checks.lockstep.require(point, checks.batches, functools.partial(batch_label, checks.trainer))
+        checks.lockstep.require(point, checks.lockstep.recorder.batches, functools.partial(batch_label, checks.trainer))
     else:  # an epoch value computed outside an epoch round
         checks.lockstep.require(point, -_round(checks, None)[1], f"epoch {checks.trainer.current_epoch}")
+
+
+def check_pack(checks: LogChecks, metrics: Sequence[Any]) -> None:
+    """Check the step values that a hook logged, about to sync together: the same keys, synced in the same order, at
+    the same batch, on every rank (the coalesced sync's one check per hook)."""
+    entries = [_entry(metric) for metric in metrics]
+    keys = tuple((entry["fx"], entry["name"], entry["dataloader"], entry["reduce"]) for entry in entries)
+    names = ", ".join(repr(entry["name"]) for entry in entries)
+    where = f"the step sync of {names} logged in {entries[0]['fx']}"
+    point = Point("step_logs", ("step_logs", keys), where, entries, call=entries[0]["call"], site=entries[0]["site"])
+    checks.lockstep.require(point, checks.lockstep.recorder.batches, functools.partial(batch_label, checks.trainer))
 
 
 def batch_label(trainer: Any) -> str:
@@ -157,13 +170,14 @@ def _log_point(checks: LogChecks, metric: Any) -> Point:
     part, checks.part = checks.part, checks.part + 1
     state = _state(metric)
     if state is None:
-        state = metric.__dict__[_STATE] = _MetricState("logged earlier")
+        state = metric.__dict__[_STATE] = _MetricState(_UNKNOWN)
     cache = state.points
     point = cache.get((checks.phase, part))
     if point is None:
         entry = _entry(metric)
         key = ("log", checks.phase, entry["fx"], entry["name"], entry["dataloader"], part)
-        point = Point("log", key, _describe(entry, checks.phase), entry)
+        site = None if state.site == _UNKNOWN else state.site
+        point = Point("log", key, _describe(entry, checks.phase), entry, call=entry["call"], site=site)
         cache[(checks.phase, part)] = point
     return point
 
@@ -201,17 +215,19 @@ def _pending_epoch_syncs(results: Any) -> list[Any]:
 
 
 def _entry(metric: Any) -> dict[str, Any]:
+    """A synced key, for the checks and their messages: its name, hook, reduction, call and the user's line."""
     meta = metric.meta
     state = _state(metric)
-    site = "logged earlier" if state is None else state.site
+    call = f"self.log({meta.name!r}, sync_dist=True)" if metric.is_tensor else f"self.log({meta.name!r}, <metric>)"
     return {
         "name": meta.name,
         "fx": meta.fx,
         "dataloader": meta.dataloader_idx,
         "reduce": "metric" if not metric.is_tensor else getattr(meta.reduce_fx, "__name__", str(meta.reduce_fx)),
-        "site": f"{meta.fx}, {site}",
+        "site": _UNKNOWN if state is None else state.site,
+        "call": call,
     }
 
 
 def _describe(entry: dict[str, Any], phase: str) -> str:
-    return f"self.log({entry['name']!r}, sync_dist=True) ({phase} value) in {entry['site']}"
+    return f"{entry['call']} ({phase} value) in {entry['fx']}, {entry['site']}"

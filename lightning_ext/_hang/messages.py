@@ -1,18 +1,23 @@
-"""The hang checks' error messages: the true cause, where it is, and a fix that works; pure functions."""
+"""The hang checks' error messages: the true cause, where it is, and a fix that works; pure functions.
+
+Every message starts with one line, under ``FIRST_LINE`` characters at any world size, that names the cause, the
+user's line and the fix; then one line per group of ranks doing the same thing (at most ``DETAIL_GROUPS``); then the
+fix in full.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 from lightning_ext import errors
-from lightning_ext._hang.facts import Call, Facts
+from lightning_ext._hang.culprit import Stand, blocked_stand, culprits, extra_call_stands, split_keys, stand_at
+from lightning_ext._hang.facts import Facts
+from lightning_ext._hang.points import LOGGING, Point
 from lightning_ext._hang.progress import Progress
+from lightning_ext._hang.wording import FIRST_LINE, doing, grouped_lines, ranks_text, short_site, shortened
 
-if TYPE_CHECKING:
-    from lightning_ext._hang.lockstep import Point
-
-__all__ = ["FIXES", "describe_deadlock", "describe_divergence", "signalled_message"]
+__all__ = ["FIXES", "count_text", "describe_deadlock", "describe_divergence", "first_line", "signalled_message"]
 
 FIXES = {
     "log": (
@@ -47,21 +52,36 @@ FIXES = {
         " process group of the launcher, `scancel --signal=TERM` on SLURM; torchrun forwards SIGTERM to every worker)."
     ),
 }
-_FIX_OF_KIND = {"log": "log", "epoch_logs": "log", "collective": "collective", "loaders": "loaders", "batch": "loaders"}
+_ADVICE = {  # the fix in a few words, for the first line
+    "log": "Fix: log it on every rank.",
+    "log_zero": "Fix: log it on every rank, or with rank_zero_only=True.",
+    "keys": "Fix: log the same keys on every rank.",
+    "metric": "Fix: update and log the metric on every rank.",
+    "collective": "Fix: call it on every rank.",
+    "collectives": "Fix: make the same collective calls on every rank.",
+    "loaders": "Fix: as many batches on every rank, or uneven_batches='truncate'.",
+    "streams": "Fix: as many batches on every rank.",
+}
 _SIGNAL_CAUSES = {
     "SIGTERM": "a preemption notice, a scheduler's or a user's `kill`",
     "SIGINT": "Ctrl-C, or `kill -INT`",
     "SIGUSR1": "a cluster's notice, e.g. SLURM's before the time limit",
 }
+_MOST_KEYS = 8  # the keys synced on some ranks only, listed on one line
+_WIDTHS = ((70, 40), (44, 28), (30, 18))  # the longest call and file name in a first line, tried in turn
 
 
 def signalled_message(rank: int, signal: str, error: BaseException | None = None) -> str:
     """The message for a run that ends because ``rank`` received ``signal`` (``"SIGTERM in training of ..."``)."""
     name = signal.split()[0]
     lines = [
-        f"Rank {rank} received {signal} ({_SIGNAL_CAUSES.get(name, 'a signal')}), and the other ranks did not: the"
-        " ranks no longer make the same collective calls (Lightning's SIGTERM handler makes one on the signalled rank"
-        " alone), so the job would hang until the process-group timeout."
+        first_line(
+            f"Rank {rank} received {signal}, and the other ranks did not"
+            f" ({_SIGNAL_CAUSES.get(name, 'a signal')}): the job would hang.",
+            "",
+        ),
+        "The ranks no longer make the same collective calls (Lightning's SIGTERM handler makes one on the signalled"
+        " rank alone), so the job would hang until the process-group timeout.",
     ]
     if error is not None:
         lines.append(f"  rank {rank} then raised {type(error).__name__}: {error}".rstrip(": "))
@@ -69,91 +89,197 @@ def signalled_message(rank: int, signal: str, error: BaseException | None = None
     return "\n".join(lines)
 
 
+def first_line(cause: str, advice: str) -> str:
+    """``cause`` and ``advice`` on one line, the advice dropped (then the cause cut) where it would be too long."""
+    both = f"{cause} {advice}".strip()
+    return both if len(both) <= FIRST_LINE else shortened(cause, FIRST_LINE)
+
+
 def describe_divergence(points: Sequence[Point]) -> errors.CrossRankError:
     """The error for ranks that reached different points at the same check (or made different collective calls)."""
-    listing = [f"  rank {rank}: {point.where}" for rank, point in enumerate(points)]
     facts = [point.facts for point in points]
+    listing = grouped_lines((rank, f"at {point.where}") for rank, point in enumerate(points))
     signalled = _signalled(facts)
     if signalled is not None:
-        return errors.RankSignalledError(_with(signalled, listing, None))
-    uneven = _uneven([None if f is None else f.progress for f in facts])
+        return errors.RankSignalledError(_text(signalled, "", listing, "signal"))
     kinds = [point.kind for point in points]
+    uneven = _uneven([None if f is None else f.progress for f in facts])
     if uneven is not None and not all(kind == "loaders" for kind in kinds):
-        headline, fix = uneven
-        return errors.UnevenBatchesError(_with(headline, listing, fix))
+        return errors.UnevenBatchesError(_text(uneven[0], _ADVICE["streams"], uneven[1], "streams"))
+    if all(kind == "loaders" for kind in kinds):
+        head, lines = _loaders_headline(points)
+        return errors.UnevenBatchesError(_text(head, _ADVICE["loaders"], lines, "loaders"))
     if all(kind in ("loaders", "batch") for kind in kinds):
-        if all(kind == "loaders" for kind in kinds):
-            return errors.UnevenBatchesError(_with(_loaders_headline(points), listing, "loaders"))
-        return errors.UnevenBatchesError(_with("The ranks ran different numbers of batches:", listing, "loaders"))
-    if len({point.identity for point in points}) == 1 or any(kind == "collective" for kind in kinds):
-        return errors.DivergentCollectiveError(_with(_collective_headline(points, facts), listing, "collective"))
-    if any(kind in ("log", "epoch_logs") for kind in kinds):
-        headline, fix = _logging_headline(points)
-        return errors.DivergentLoggingError(_with(headline, listing, fix))
-    headline = "The ranks reached different collective calls, so the job would hang or mix up values:"
-    return errors.DivergentCollectiveError(_with(headline, listing, "collective"))
+        return errors.UnevenBatchesError(_text("The ranks ran different numbers of batches.", "", listing, "loaders"))
+    stands = [stand_at(rank, point, point.facts) for rank, point in enumerate(points)]
+    if len({point.identity for point in points}) == 1:  # the same point, after different collective calls
+        extra = extra_call_stands(facts)
+        firsts = {stand.rank: stand for stand in reversed(extra)}  # each rank's first extra call
+        everyone = [firsts.get(stand.rank, stand) for stand in stands]
+        found = culprits(list(firsts.values()))  # every rank makes the call at the point: it is not the extra one
+        if found:
+            return _blame(found, everyone, _placed(found, everyone))
+        if extra:
+            named = "; ".join(f"rank {stand.rank}: {stand.where}" for stand in list(firsts.values())[:2])
+            head = f"A collective call made on some ranks only ({shortened(named, 150)})."
+            return errors.DivergentCollectiveError(_text(head, _ADVICE["collectives"], listing, "collective"))
+    found = culprits(stands)
+    if found:
+        return _blame(found, stands, _placed(found, stands))
+    head = "The ranks reached different collective calls, so the job would hang or mix up values."
+    return errors.DivergentCollectiveError(_text(head, "", listing, "collective"))
 
 
 def describe_deadlock(point: Point, waiting: Sequence[Facts], missing: Sequence[Facts]) -> errors.CrossRankError:
     """The error for ranks that wait at ``point``, which the ``missing`` ranks can never reach (see ``blocked_by``)."""
-    waiting_ranks = sorted(facts.rank for facts in waiting)
-    missing_ranks = sorted(facts.rank for facts in missing)
-    listing = [
-        *(f"  rank {rank}: waits at {point.where}" for rank in waiting_ranks),
-        *(f"  rank {theirs.rank}: {_doing(theirs)}" for theirs in sorted(missing, key=_rank_of)),
-    ]
     everyone: list[Facts] = sorted([*waiting, *missing], key=_rank_of)
+    waiting_ranks = {facts.rank for facts in waiting}
+    listing = grouped_lines(
+        (facts.rank, f"waits at {point.where}" if facts.rank in waiting_ranks else doing(facts)) for facts in everyone
+    )
     signalled = _signalled(everyone)
     if signalled is not None:
-        return errors.RankSignalledError(_with(signalled, listing, None))
+        return errors.RankSignalledError(_text(signalled, "", listing, "signal"))
     uneven = _uneven([theirs.progress for theirs in everyone])
     if uneven is not None:
-        headline, fix = uneven
-        return errors.UnevenBatchesError(_with(headline, listing, fix))
-    calls = [facts for facts in missing if facts.inside is not None]
-    if calls:
-        parts = [
-            f"rank {facts.rank} is blocked in {facts.inside.name} called from {facts.inside.site} (its collective call"
-            f" #{facts.inside.index} on the {facts.inside.group} group)"
-            for facts in calls
-            if facts.inside is not None
-        ]
-        headline = (
-            f"A collective call made on some ranks only: {'; '.join(parts)}, which rank(s) {waiting_ranks} never"
-            f" made: they went on to {point.where}. The job would hang until the process-group timeout:"
-        )
-        return errors.DivergentCollectiveError(_with(headline, listing, "collective"))
-    headline = (
-        f"Rank(s) {waiting_ranks} wait at {point.where}, which rank(s) {missing_ranks} never reached: they went on into"
-        " the backward pass, where DDP all-reduces the gradients, and wait there for the ranks that are stuck at this"
-        " call. The job would hang until the process-group timeout:"
+        return errors.UnevenBatchesError(_text(uneven[0], _ADVICE["streams"], uneven[1], "streams"))
+    stands = [stand_at(f.rank, point, f) if f.rank in waiting_ranks else blocked_stand(f) for f in everyone]
+    found = culprits(stands)
+    if found:
+        return _blame(found, stands, listing)
+    others = sorted({facts.rank for facts in missing})
+    head = (
+        f"{ranks_text(waiting_ranks, 3)} waited at {shortened(point.call or point.where, 80)}, which"
+        f" {ranks_text(others, 3)} can never reach: the job would hang until the process-group timeout."
     )
-    fix = _FIX_OF_KIND.get(point.kind, "collective")
-    if point.kind in ("log", "epoch_logs") and _is_metric(point):
-        fix = "metric"
-    cls = errors.DivergentLoggingError if point.kind in ("log", "epoch_logs") else errors.DivergentCollectiveError
-    return cls(_with(headline, listing, fix))
+    cls = errors.DivergentLoggingError if point.kind in LOGGING else errors.DivergentCollectiveError
+    return cls(_text(head, "", listing, "log" if point.kind in LOGGING else "collective"))
+
+
+def _blame(found: Sequence[Stand], everyone: Sequence[Stand], listing: list[str]) -> errors.CrossRankError:
+    """The error that names the ``found`` ranks' call(s) as the cause, and the other ranks as those that went on."""
+    if all(stand.keys for stand in found):
+        return _blame_logging(found, everyone, listing)
+    having = [stand.rank for stand in found]
+    others = [stand.rank for stand in everyone if stand.rank not in having]
+    calls = list(dict.fromkeys((stand.call, stand.site, stand.hook) for stand in found))
+    if len(calls) == 1:
+        call, site, hook = calls[0]
+        head = _fitted(
+            lambda width, file: (
+                f"{shortened(call, width)}{_where(hook, found[0].stage, site, file)} ran on"
+                f" {ranks_text(having, 3)} only; {_others(others)} went on."
+            )
+        )
+        return errors.DivergentCollectiveError(_text(head, _ADVICE["collective"], listing, "collective"))
+    parts = [
+        f"{ranks_text([s.rank for s in found if (s.call, s.site, s.hook) == c], 2)}"
+        f" {shortened(c[0], 50)}{_where(None, None, c[1], 24)}"
+        for c in calls[:2]
+    ]
+    more = f" and {len(calls) - 2} more" if len(calls) > 2 else ""
+    head = "The ranks made different collective calls: " + "; ".join(parts) + more + "."
+    return errors.DivergentCollectiveError(_text(head, _ADVICE["collectives"], listing, "collective"))
+
+
+def _blame_logging(found: Sequence[Stand], everyone: Sequence[Stand], listing: list[str]) -> errors.CrossRankError:
+    split = split_keys(found, len(everyone))
+    stage = found[0].stage
+    if not split:
+        entry = found[0].keys[0]
+        head = (
+            "Synced logging differs between ranks: the same keys are synced in a different order"
+            f"{_where(entry['fx'], stage, entry['site'])}."
+        )
+        return errors.DivergentLoggingError(_text(head, _ADVICE["keys"], listing, "log"))
+    metric = any(entry["reduce"] == "metric" for entry, _ in split)
+    fix = "metric" if metric else "log"
+    groups: dict[tuple[int, ...], list[dict[str, Any]]] = {}
+    for entry, ranks in split:
+        groups.setdefault(tuple(sorted(set(ranks))), []).append(entry)
+    keys = [] if len(split) == 1 else [_keys_line(split)]
+    if len(groups) == 1:
+        ((having, entries),) = groups.items()
+        entry = entries[0]
+        lacking = [stand for stand in everyone if stand.rank not in having]
+        there = all(stand.kind == found[0].kind and stand.batches == found[0].batches for stand in lacking)
+        more = f" (and {len(entries) - 1} more key(s))" if len(entries) > 1 else ""
+        head = _fitted(
+            lambda width, file: (
+                f"{shortened(entry['call'], width)}{more}{_where(entry['fx'], stage, entry['site'], file)}"
+                f" synced on {ranks_text(having, 3)} only; {_others([s.rank for s in lacking])}"
+                f" {'did not sync it' if there else 'went on'}."
+            )
+        )
+        advice = "metric" if metric else "log_zero" if having == (0,) else "log"
+        return errors.DivergentLoggingError(_text(head, _ADVICE[advice], [*listing, *keys], fix))
+    ordered = sorted(groups.items(), key=lambda group: group[0])
+    rest = sum(len(having) for having, _ in ordered[2:])
+    more = f", {rest} more rank(s) other keys" if rest else ""
+    entry = ordered[0][1][0]
+
+    def head_of(width: int, file: int) -> str:
+        parts = [
+            f"{ranks_text(having, 2)} sync{'s' if len(having) == 1 else ''} {shortened(named[0]['name'], width // 2)!r}"
+            for having, named in ordered[:2]
+        ]
+        return (
+            f"Synced logging differs between ranks{_where(entry['fx'], stage, entry['site'], file)}: "
+            + ", ".join(parts)
+            + f"{more}."
+        )
+
+    head = _fitted(head_of)
+    return errors.DivergentLoggingError(_text(head, _ADVICE["metric" if metric else "keys"], [*listing, *keys], fix))
+
+
+def _keys_line(split: Sequence[tuple[dict[str, Any], list[int]]]) -> str:
+    listed = [
+        f"{entry['name']!r} ({entry['fx']}, {short_site(entry['site'])}: {ranks_text(ranks, 2)})"
+        for entry, ranks in split[:_MOST_KEYS]
+    ]
+    more = f" and {len(split) - _MOST_KEYS} more" if len(split) > _MOST_KEYS else ""
+    return "  synced on some ranks only: " + ", ".join(listed) + more
+
+
+def _placed(found: Sequence[Stand], everyone: Sequence[Stand]) -> list[str]:
+    """Each rank's line: ``at ...`` where the culprits are (or at their place), ``went on to ...`` elsewhere."""
+    place = (found[0].kind, found[0].batches)
+    return grouped_lines(
+        (stand.rank, f"{'at' if (stand.kind, stand.batches) == place else 'went on to'} {stand.where}")
+        for stand in everyone
+    )
+
+
+def _where(hook: str | None, stage: str | None, site: str | None, longest: int = 40) -> str:
+    """`` in on_validation_epoch_end (sanity check, train.py:31)``: the hook, the sanity check (it runs before
+    training, so users may not expect it there), and the user's file (its name cut to ``longest``) and line."""
+    sanity = "sanity check, " if stage == "sanity_check" else ""
+    return (f" in {hook}" if hook else "") + f" ({sanity}{short_site(site, longest)})"
+
+
+def _fitted(build: Callable[[int, int], str]) -> str:
+    """``build(longest call, longest file name)``, with the call and the file's name cut shorter where needed to fit
+    the first line (names of that length are rare: the other parts of the line are short at any world size)."""
+    for call, file in _WIDTHS:
+        text = build(call, file)
+        if len(text) <= FIRST_LINE:
+            break
+    return text
+
+
+def _others(ranks: Sequence[int]) -> str:
+    """``ranks 1-7``; ``the other 512`` where the ranks do not make a few ranges."""
+    text = ranks_text(ranks, 3)
+    return f"the other {len(ranks)}" if " more" in text else text
+
+
+def _text(head: str, advice: str, lines: Iterable[str], fix: str) -> str:
+    return "\n".join([first_line(head, advice), *lines, FIXES[fix]])
 
 
 def _rank_of(facts: Facts) -> int:
     return facts.rank
-
-
-def _with(headline: str, listing: list[str], fix: str | None) -> str:
-    return "\n".join([headline, *listing, *([FIXES[fix]] if fix else [])])
-
-
-def _doing(facts: Facts) -> str:
-    """What a rank that never arrived is doing, from its facts."""
-    if facts.inside is not None:
-        text = f"is blocked in {facts.inside.name} called from {facts.inside.site}"
-    elif facts.backward is not None:
-        text = f"is in its synced backward pass #{facts.backward} (DDP's gradient all-reduce)"
-    else:
-        text = f"is running {facts.at or 'outside user code'}"
-    if facts.progress is not None:
-        text += f", in {facts.progress.describe()}"
-    return text
 
 
 def _signalled(facts: Sequence[Facts | None]) -> str | None:
@@ -162,145 +288,103 @@ def _signalled(facts: Sequence[Facts | None]) -> str | None:
     if not having:
         return None
     rank, signal = having[0]
-    headline = signalled_message(rank, signal).splitlines()[0]
-    if len(having) > 1:
-        others = "; ".join(f"rank {r}: {s}" for r, s in having[1:])
-        headline += f" Other ranks that received a signal: {others}."
-    return headline + ":"
+    if len(having) == 1:
+        return signalled_message(rank, signal).splitlines()[0]
+    others = ranks_text([r for r, _ in having[1:]], 3)
+    return first_line(f"Rank {rank} received {signal}, and {others} a signal too: the job would hang.", "")
 
 
-def _uneven(progress: Sequence[Progress | None]) -> tuple[str, str] | None:
-    """The headline when some rank's data ran out before the others', from each rank's progress."""
+def _uneven(progress: Sequence[Progress | None]) -> tuple[str, list[str]] | None:
+    """The headline and detail lines when some rank's data ran out before the others', from each rank's progress.
+
+    The culprit is a rank whose loader ended with fewer batches than another's ended with, or one that is known to
+    have more (a rank that has not run out after as many batches: Lightning fetches one batch ahead); a rank that is
+    only behind in time is never named.
+    """
     known = [(rank, p) for rank, p in enumerate(progress) if p is not None]
     if len(known) < 2:
         return None
     if len({p.epoch for _, p in known}) == 1:
         # ran out: not merely elsewhere (a sanity check, a validation in the middle of the epoch)
-        out = [(rank, p) for rank, p in known if p.train_done]
-        going = [(rank, p) for rank, p in known if p.stage == "train" and not p.train_done]
-        if out and going and max(p.train_batches for _, p in going) >= min(p.train_batches for _, p in out):
-            listed = ", ".join(
-                f"rank {rank}: {p.train_batches}" + (" and more to come" if (rank, p) in going else "")
-                for rank, p in known
+        ended = {rank: p.train_batches for rank, p in known if p.train_done}
+        going = {rank: p.train_batches for rank, p in known if p.stage == "train" and not p.train_done}
+        fewest = min(ended.values(), default=0)
+        more = [rank for rank, count in going.items() if ended and count >= fewest]
+        if ended and (more or len(set(ended.values())) > 1):
+            short = [rank for rank, count in ended.items() if count == fewest]
+            longest = max(ended.values())
+            if longest > fewest:
+                other = f"but after {longest} on {ranks_text([r for r, c in ended.items() if c == longest], 3)}"
+            else:
+                other = f"while {ranks_text(more, 3)} had more"
+            head = (
+                f"Uneven data in epoch {known[0][1].epoch}: the train dataloader ran out after {fewest} batch(es) on"
+                f" {ranks_text(short, 3)} {other}."
             )
-            return (
-                f"Uneven data: the train dataloader ran out on rank(s) {[rank for rank, _ in out]} in epoch"
-                f" {known[0][1].epoch} while rank(s) {[rank for rank, _ in going]} had more batches (training batches"
-                f" so far: {listed}); the ranks would run different numbers of steps and hang:",
-                "streams",
-            )
-    if len({(p.epoch, p.eval_loader) for _, p in known}) > 1:
+            return head, grouped_lines((rank, _train_progress(p)) for rank, p in known)
+    # the ranks' evaluation runs: a rank with no batches counted there is elsewhere (after the sanity check, whose
+    # counts are reset), so is a rank in the sanity check while another is not
+    known = [(rank, p) for rank, p in known if p.eval_batches]
+    if len(known) < 2 or len({(p.epoch, p.eval_loader, p.stage == "sanity_check") for _, p in known}) > 1:
         return None
     loader = known[0][1].eval_loader
     for index in range(max(len(p.eval_batches) for _, p in known)):
         counts = [(rank, p.eval_batches[index] if index < len(p.eval_batches) else 0, p) for rank, p in known]
         fewest = min(count for _, count, _ in counts)
         short = [rank for rank, count, p in counts if count == fewest and p.eval_done]
-        if short and any(count > fewest for _, count, _ in counts):
-            listed = ", ".join(f"rank {rank}: {count}" for rank, count, _ in counts)
-            return (
-                f"Uneven data: the {loader} dataloader {index} ran out on rank(s) {short} while the other ranks had"
-                f" more batches (batches so far: {listed}); the ranks would run different numbers of steps and hang:",
-                "streams",
+        more = [rank for rank, count, _ in counts if count > fewest]
+        if short and more:
+            head = (
+                f"Uneven data: the {loader} dataloader {index} ran out after {fewest} batch(es) on"
+                f" {ranks_text(short, 3)} while {ranks_text(more, 3)} had more."
             )
+            lines = grouped_lines(
+                (rank, f"{count} batch(es)" + (", ran out" if p.eval_done else ", more to come"))
+                for rank, count, p in counts
+            )
+            return head, lines
     return None
 
 
-def _collective_headline(points: Sequence[Point], facts: Sequence[Facts | None]) -> str:
-    """Name the collective call(s) that some ranks made and others did not."""
-    named = [f"rank {rank}: {point.where}" for rank, point in enumerate(points) if point.kind == "collective"]
-    extra = _extra_calls(facts)
-    if extra:
-        return (
-            "A collective call made on some ranks only: "
-            + "; ".join(f"rank {rank} called {call.name} from {call.site}" for rank, call in extra)
-            + ", which the other ranks never called. The job would hang or mix up values:"
-        )
-    if named and len(named) < len(points):
-        return (
-            f"A collective call made on some ranks only ({'; '.join(named)}), while the other ranks went on. The job"
-            " would hang or mix up values:"
-        )
-    return "The ranks reached different collective calls, so the job would hang or mix up values:"
+def _train_progress(progress: Progress) -> str:
+    if progress.train_done:
+        return f"ran out after {progress.train_batches} training batch(es)"
+    if progress.stage == "train":
+        return f"{progress.train_batches} training batch(es) so far, and more to come"
+    return progress.describe()
 
 
-def _extra_calls(facts: Sequence[Facts | None]) -> list[tuple[int, Call]]:
-    """The counted calls that some ranks made beyond the fewest any rank made on the same group."""
-    known = [f for f in facts if f is not None]
-    groups = {group for f in known for group in f.counts}
-    extra = []
-    for group in sorted(groups):
-        fewest = min(f.counts.get(group, 0) for f in known)
-        for f in known:
-            extra += [(f.rank, call) for call in f.recent if call.group == group and call.index > fewest]
-    return extra
-
-
-def _loaders_headline(points: Sequence[Point]) -> str:
+def _loaders_headline(points: Sequence[Point]) -> tuple[str, list[str]]:
     details: list[Any] = [point.detail for point in points]
     stage = details[0]["stage"]
     names = details[0]["names"]
     if any(detail["stage"] != stage or detail["names"] != names for detail in details):
-        return "The ranks set up different dataloaders:"
+        return "The ranks set up different dataloaders.", grouped_lines(
+            (rank, point.where) for rank, point in enumerate(points)
+        )
     parts = []
     for position, name in enumerate(names):
-        counts = [detail["counts"][position] for detail in details]
-        if len(set(counts)) > 1:
-            listed = ", ".join(f"rank {rank}: {count_text(count)}" for rank, count in enumerate(counts))
-            parts.append(f"the {name} yields different numbers of batches per rank ({listed})")
-    return f"Uneven data in {stage}: {'; '.join(parts)}. The ranks would run different numbers of steps and hang:"
-
-
-def _logging_headline(points: Sequence[Point]) -> tuple[str, str]:
-    if not any(point.kind == "log" for point in points):
-        rounds = [point for point in points if point.kind == "epoch_logs"]
-        first = min(point.position for point in rounds)
-        return _epoch_keys_headline([point if point.position == first else None for point in points])
-    logged = [point for point in points if point.kind == "log"]
-    first = min(point.position for point in logged)
-    culprits = {(p.detail["name"], p.detail["fx"], p.detail["site"]) for p in logged if p.position == first}
-    metric = any(p.detail["reduce"] == "metric" for p in logged if p.position == first)
-    parts = []
-    for name, fx, site in sorted(culprits):
-        having = [
-            r for r, p in enumerate(points) if p.kind == "log" and p.position == first and p.detail["name"] == name
-        ]
-        others = [r for r in range(len(points)) if r not in having]
-        parts.append(f"{name!r} ({fx}, {site}) is synced on rank(s) {having} but not on rank(s) {others}")
-    headline = "Synced logging differs between ranks: " + "; ".join(parts) + ". The ranks would hang or mix up values:"
-    return headline, "metric" if metric else "log"
-
-
-def _epoch_keys_headline(points: Sequence[Point | None]) -> tuple[str, str]:
-    """The keys of the first epoch-end round that not every rank syncs (``None``: a rank that went on past it)."""
-    keys_by_rank = [[] if p is None else [(entry["name"], entry["fx"]) for entry in _entries(p)] for p in points]
-    entries = {(entry["name"], entry["fx"]): entry for p in points if p is not None for entry in _entries(p)}
-    everyone = list(dict.fromkeys(key for keys in keys_by_rank for key in keys))
-    parts, metric = [], False
-    for key in everyone:
-        having = [rank for rank, keys in enumerate(keys_by_rank) if key in keys]
-        lacking = [rank for rank, keys in enumerate(keys_by_rank) if key not in keys]
-        if lacking:
+        by_count: dict[float, list[int]] = {}
+        for rank, detail in enumerate(details):
+            by_count.setdefault(detail["counts"][position], []).append(rank)
+        if len(by_count) > 1:
+            ordered = sorted(by_count.items())
+            shown = [f"{_batches(count) if index == 0 else count_text(count)} on {ranks_text(ranks, 2)}"
+                     for index, (count, ranks) in enumerate(ordered[:2])]  # fmt: skip
+            rest = sum(len(ranks) for _, ranks in ordered[2:])
             parts.append(
-                f"{key[0]!r} ({entries[key]['site']}) is synced on rank(s) {having} but not on rank(s) {lacking}"
+                f"the {name} has {', '.join(shown)}" + (f", other counts on {rest} more ranks" if rest else "")
             )
-            metric = metric or entries[key]["reduce"] == "metric"
-    if not parts:
-        parts.append("the same keys are synced in a different order on different ranks")
-    headline = "Synced logging differs between ranks: " + "; ".join(parts) + ". The ranks would hang or mix up values:"
-    return headline, "metric" if metric else "log"
+    more = f"; and {len(parts) - 1} more dataloader(s)" if len(parts) > 1 else ""
+    lines = grouped_lines(
+        (rank, ", ".join(f"{name}: {_batches(count)}" for name, count in zip(names, detail["counts"], strict=True)))
+        for rank, detail in enumerate(details)
+    )
+    return f"Uneven data in {stage}: {parts[0]}{more}.", lines
 
 
-def _entries(point: Point) -> list[dict[str, str]]:
-    if point.kind == "log":
-        return [point.detail]
-    if point.kind == "epoch_logs":
-        return list(point.detail)
-    return []
-
-
-def _is_metric(point: Point) -> bool:
-    return any(entry["reduce"] == "metric" for entry in _entries(point))
+def _batches(count: float) -> str:
+    return "no length" if count == float("inf") else f"{int(count)} batch" + ("" if count == 1 else "es")
 
 
 def count_text(count: float) -> str:

@@ -18,8 +18,10 @@ class Progress:
         train_batches: training batches started in the whole run so far.
         train_done: whether the training dataloader of this epoch has run out (in training or in the validation after).
         eval_loader: ``"val"`` or ``"test"``: the evaluation loop of ``eval_batches``.
-        eval_batches: batches started per dataloader in the running (or, in training, the last) evaluation run.
+        eval_batches: batches started per dataloader in the running (or, in training, the last) evaluation run (the
+            batch in progress included).
         eval_done: whether that evaluation run has run out of data (or ended).
+        hook: the hook it is in (``"training_step"``; Lightning's ``_current_fx_name``), or ``None`` between hooks.
 
     """
 
@@ -30,6 +32,7 @@ class Progress:
     eval_loader: str = "val"
     eval_batches: tuple[int, ...] = ()
     eval_done: bool = False
+    hook: str | None = None
 
     def describe(self) -> str:
         """``validation of epoch 0 (val dataloader 0: 3 batch(es), ran out)``."""
@@ -55,8 +58,13 @@ def progress_of(trainer: Any) -> Progress | None:
         fetcher = trainer.fit_loop._data_fetcher
         evaluating = stage_name in ("validate", "sanity_check", "test")
         loop = trainer._evaluation_loop if evaluating else epoch_loop.val_loop
-        seen = dict(loop._seen_batches_per_dataloader)
+        seen = dict(loop._seen_batches_per_dataloader)  # completed steps: the batch in progress counts too
+        current = loop.batch_progress.current
+        if evaluating and current.ready > current.completed:
+            index = getattr(trainer._results, "dataloader_idx", None) or 0
+            seen[index] = seen.get(index, 0) + 1
         eval_fetcher = loop._data_fetcher
+        hook = getattr(trainer.lightning_module, "_current_fx_name", None)
         return Progress(
             stage=stage_name,
             epoch=int(trainer.current_epoch),
@@ -65,6 +73,7 @@ def progress_of(trainer: Any) -> Progress | None:
             eval_loader="test" if stage_name == "test" else "val",
             eval_batches=tuple(seen.get(index, 0) for index in range(max(seen) + 1)) if seen else (),
             eval_done=not evaluating or bool(eval_fetcher is not None and eval_fetcher.done),
+            hook=None if hook is None else str(hook),
         )
     except Exception:
         return None

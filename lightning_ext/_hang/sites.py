@@ -7,8 +7,9 @@ import sys
 import sysconfig
 from pathlib import Path
 from types import FrameType
+from typing import NamedTuple
 
-__all__ = ["called_as", "user_site"]
+__all__ = ["Caller", "called_as", "user_site"]
 
 _STDLIB = Path(sysconfig.get_paths()["stdlib"]).as_posix()
 _ENTRY_POINTS = ("Trainer.fit", "Trainer.validate", "Trainer.test", "Trainer.predict")
@@ -48,12 +49,24 @@ def user_site(frame: FrameType | None, default: str | None = "an unknown place")
     return default
 
 
-def called_as(frame: FrameType | None) -> tuple[str | None, str]:
-    """``("Trainer.log_dir", "model.py:40 in validation_step")``: the Lightning API the user called, and where.
+class Caller(NamedTuple):
+    """Who made a call: the Lightning API the user called, where, and whether it was Lightning's own flow.
 
-    Where the user only called ``trainer.fit`` (or ``validate``, ...), the Lightning function that made the call is
-    named too: ``"_TrainingEpochLoop._broadcast_sigterm_tensor, in Trainer.fit"``.
+    Attributes:
+        api: ``"Trainer.log_dir"``; where the user only called ``trainer.fit`` (or ``validate``, ...), the Lightning
+            function that made the call too: ``"_FitLoop.setup_data, in Trainer.fit"``; ``None`` for a direct call.
+        site: the user's line: ``"model.py:40 in validation_step"`` (``trainer.fit``'s line for Lightning's own flow).
+        lightning: whether Lightning's own flow made the call (every rank makes it, in its normal flow).
+
     """
+
+    api: str | None
+    site: str
+    lightning: bool
+
+
+def called_as(frame: FrameType | None) -> Caller:
+    """``Caller("Trainer.log_dir", "model.py:40 in validation_step", False)``: the API, the line, whose flow."""
     innermost = outermost = None
     while frame is not None:
         kind = _kind(frame.f_code.co_filename)
@@ -69,5 +82,7 @@ def called_as(frame: FrameType | None) -> tuple[str | None, str]:
         else f"{frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}"
     )
     if outermost in _ENTRY_POINTS and innermost != outermost:  # Lightning's loops made it: say where in them
-        return f"{innermost}, in {outermost}", site
-    return outermost, site
+        return Caller(f"{innermost}, in {outermost}", site, True)
+    if frame is None and innermost is not None:  # no user frame at all: a rank that a launcher started (spawn)
+        return Caller(innermost if innermost == outermost else f"{innermost}, in {outermost}", site, True)
+    return Caller(outermost, site, False)

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 
 from lightning_ext._hang.stall_facts import RankReport
+from lightning_ext._hang.wording import call_text, doing, group_text
 
 __all__ = ["Thresholds", "is_stalled", "report_text", "summarize", "thresholds", "waits"]
 
@@ -232,7 +232,7 @@ def _wait_text(report: RankReport) -> str:
         return "nothing"
     kind = report.waiting[0]
     if kind == "collective" and facts.inside is not None:
-        return f"{facts.inside.name} (its call #{facts.inside.index} on {_group(facts.inside.group)})"
+        return f"{facts.inside.name} (its call #{facts.inside.index} on {group_text(facts.inside.group)})"
     if kind == "check" and facts.check is not None:
         return f"lightning-ext's check before {facts.check[1]}"
     return f"DDP's gradient all-reduce (synced backward pass #{facts.backward})"
@@ -240,13 +240,7 @@ def _wait_text(report: RankReport) -> str:
 
 def _call_text(report: RankReport) -> str:
     inside = None if report.facts is None else report.facts.inside
-    if inside is None:
-        return "a collective call"
-    return f"{inside.name} called from {inside.site} (its call #{inside.index} on {_group(inside.group)})"
-
-
-def _group(name: str) -> str:
-    return "the default group" if name == "world" else f"process group {name!r}"
+    return "a collective call" if inside is None else call_text(inside)
 
 
 def _odd_calls(everyone: Sequence[RankReport]) -> list[tuple[RankReport, list[int]]]:
@@ -272,22 +266,7 @@ def _odd_calls(everyone: Sequence[RankReport]) -> list[tuple[RankReport, list[in
 def _doing(report: RankReport) -> str:
     """``computing in training_step at model.py:40 in training_step, during training of epoch 0 (...)``."""
     stack = report.stacks[0][1] if report.stacks else ""
-    hook = f" in {report.hook}" if report.hook else ""
-    where = f" at {report.facts.at}" if report.facts is not None and report.facts.at else ""
-    progress = None if report.facts is None else report.facts.progress
-    during = f", during {progress.describe()}" if progress is not None else ""
-    if "torch/utils/data/dataloader.py" in stack and "_get_data" in stack:
-        workers = f" ({'; '.join(report.workers)})" if report.workers else ""
-        return f"waiting for a batch from its DataLoader worker process(es){workers}{during}"
-    blocked = re.findall(r'torch/distributed/distributed_c10d\.py", line \d+, in (\w+)', stack)
-    if blocked:
-        return (
-            f"blocked in torch.distributed.{blocked[-1]}{hook}{where} (a call lightning-ext does not count: point to"
-            f" point, or on a group of some ranks only){during}"
-        )
-    if "synchronize" in stack and "torch/cuda" in stack:
-        return f"waiting for the GPU (torch.cuda.synchronize){hook}{where}{during}"
-    return f"computing{hook}{where}{during}"
+    return doing(report.facts, report.hook, stack, report.workers)
 
 
 def _seconds(value: float | None) -> str:

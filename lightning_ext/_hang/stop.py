@@ -6,6 +6,7 @@ import atexit
 import os
 import signal
 import sys
+import threading
 import time
 import warnings
 from collections.abc import Callable
@@ -16,9 +17,9 @@ from lightning.fabric.plugins.environments.slurm import SLURMEnvironment
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from lightning_ext import _collective
 from lightning_ext._hang import stop_checkpoint
 from lightning_ext._hang.facts import SignalConsumer
+from lightning_ext._hang.lockstep import raise_record
 from lightning_ext._hang.watchdog import Watchdog
 from lightning_ext.errors import mark_joint
 from lightning_ext.policies import PolicyLike, VotePolicy, VoteTally, resolve_policy
@@ -26,7 +27,10 @@ from lightning_ext.policies import PolicyLike, VotePolicy, VoteTally, resolve_po
 __all__ = ["StopController", "resolve_preemption_policy"]
 
 _MAIL = "preempt"  # the watchdog mail a signalled rank sends rank 0
-_SEAM = "_broadcast_sigterm_tensor"  # Lightning's per-step broadcast of rank 0's SIGTERM flag
+_POSITION = "stop-position"  # rank 0's request: the first training batch each rank can still stop before
+_AGREED = "stop-at"  # rank 0's notice to every rank: the batch to stop before (-1: no stop after all)
+_SEAM = "_broadcast_sigterm_tensor"  # Lightning's per-step broadcast of rank 0's SIGTERM flag: replaced in a fit
+_HOLD_LOOK = 0.05  # seconds between two looks for a posted error while a rank holds for the agreement
 _PARENT_WAIT = 10.0  # seconds a popen child waits at exit for rank 0 (its parent) to exit first
 # Lightning's own handlers that the stop replaces: the SIGTERM one broadcasts on the signalled rank alone, the SLURM
 # one saves a checkpoint (a collective) wherever the signal lands; the stop runs the latter at the agreed step
@@ -70,9 +74,13 @@ def resolve_preemption_policy(policy: PolicyLike | None) -> VotePolicy | None:
 class StopController:
     """One rank's part in a coordinated stop during a fit.
 
-    A signalled rank mails rank 0's watchdog; rank 0 decides under the policy; rank 0's decision rides on Lightning's
-    own per-step broadcast (``_broadcast_sigterm_tensor``, shadowed on the epoch loop for the fit), so every rank reads
-    it from the same call and stops before the same training step: no collective added, none changed.
+    A signalled rank mails rank 0's watchdog, and rank 0 decides under the policy. Then rank 0's watchdog agrees the
+    batch with every rank's watchdog: each says the first training batch its rank can still stop before, and from
+    then on holds its rank there until told; rank 0 picks the latest and tells every rank. Each rank looks, where
+    Lightning would broadcast rank 0's SIGTERM flag at the start of every training batch
+    (``_broadcast_sigterm_tensor``, shadowed on the epoch loop for the fit), at what its own watchdog was told, under
+    a lock: no collective and no host-device synchronization per step. Every rank stops before the agreed batch, or
+    the first later one that ends an accumulation window, as each rank derives alike.
 
     Args:
         policy: the vote policy that decides from the ranks signalled so far.
@@ -85,10 +93,19 @@ class StopController:
         self.policy, self.watchdog, self._flush = policy, watchdog, flush
         self.rank, self.world_size = watchdog.rank, watchdog.world_size
         self.trainer = watchdog.recorder.trainer
-        self.decided = 0  # rank 0: the signal number every rank stops for, once decided (what it broadcasts)
+        self.decided = False  # rank 0: a stop was decided (and is being, or was, agreed)
         self._signalled: dict[int, int] = {}  # rank 0's watchdog thread: each signalled rank's signal number
         self._reason = ""  # rank 0: why, for the stop message
         self._loop: Any = None
+        # shared by the training thread (at each batch start) and the watchdog thread (agreeing a stop)
+        self._lock = threading.Lock()
+        self._next = 0  # the first training batch this rank can still stop before
+        self._holding = False  # a stop is being agreed: the training thread waits before its next batch
+        self._before: int | None = None  # the agreed batch: stop before it (or the first window end after it)
+        self._number = 0  # the agreed stop's signal
+        self._agreed = threading.Event()
+        watchdog.answers[_POSITION] = self._position
+        watchdog.handlers[_AGREED] = self._on_agreed
         if self.rank == 0:
             watchdog.handlers[_MAIL] = self._decide
 
@@ -101,12 +118,14 @@ class StopController:
         if not callable(getattr(type(loop), _SEAM, None)):
             warnings.warn(
                 f"lightning-ext: this Lightning has no {type(loop).__name__}.{_SEAM}; a SIGTERM on one rank ends every"
-                " rank with RankSignalledError, without a checkpoint (the coordinated stop needs that broadcast)",
+                " rank with RankSignalledError, without a checkpoint (the coordinated stop needs that seam)",
                 UserWarning,
                 stacklevel=1,
             )
             return
-        loop.__dict__[_SEAM] = self._broadcast
+        with self._lock:
+            self._next = loop.batch_progress.total.ready
+        loop.__dict__[_SEAM] = self._at_batch_start
         self._loop = loop
         if self.rank == 0:  # the other ranks read it at a stop (popen: whether rank 0 is their parent)
             self.watchdog.store.set("stop/parent", str(os.getpid()))  # type: ignore[attr-defined]
@@ -114,9 +133,12 @@ class StopController:
     def detach(self) -> None:
         """Give Lightning its broadcast back, and stop serving stop requests (teardown)."""
         loop, self._loop = self._loop, None
-        if loop is not None and loop.__dict__.get(_SEAM) == self._broadcast:
+        if loop is not None and loop.__dict__.get(_SEAM) == self._at_batch_start:
             del loop.__dict__[_SEAM]
         self.watchdog.handlers.pop(_MAIL, None)
+        self.watchdog.handlers.pop(_AGREED, None)
+        self.watchdog.answers.pop(_POSITION, None)
+        self._agreed.set()  # nothing waits for an agreement any more
 
     def on_signal(self, name: str) -> SignalConsumer | None:
         """Ask rank 0 for a stop (in the signal handler); return what runs instead of Lightning's handler.
@@ -135,9 +157,9 @@ class StopController:
         return _other_handlers
 
     def _decide(self, message: dict[str, str]) -> None:
-        """Rank 0's watchdog thread: tally the signalled ranks and decide under the policy (once).
+        """Rank 0's watchdog thread: tally the signalled ranks, decide under the policy (once), and agree the batch.
 
-        No store round trip: under load, each one waits for the training thread to give up the GIL.
+        No store round trip until a stop is decided: under load, each one waits for the training thread's GIL.
         """
         self._signalled.setdefault(int(message["sender"]), int(message["signal"]))
         if self.decided:
@@ -154,14 +176,57 @@ class StopController:
         if not stop:
             warnings.warn(f"lightning-ext: {who}; {counted}, not enough to stop: training goes on", stacklevel=1)
             return
+        self.decided = True
         self._reason = f"{who} ({counted})"
-        self.decided = signalled[min(signalled)]
+        positions = self.watchdog.ask_others(_POSITION)
+        positions[self.rank] = self._position()
+        silent = sorted(set(range(self.world_size)) - set(positions))
+        if silent:  # a rank that cannot say where it is could be past any batch picked: no stop is safe
+            warnings.warn(
+                f"lightning-ext: {who}; {counted}, but rank(s) {silent} did not say where they are: training goes on",
+                stacklevel=1,
+            )
+            self.watchdog.tell_everyone(_AGREED, before="-1", signal="0")
+            self.decided = False
+            return
+        before = max(int(position) for position in positions.values())
+        self.watchdog.tell_everyone(_AGREED, before=str(before), signal=str(signalled[min(signalled)]))
 
-    def _broadcast(self) -> None:
-        """Lightning's ``_broadcast_sigterm_tensor`` (same tensor, same broadcast), carrying rank 0's decision."""
-        number = _collective.broadcast_from_zero(self.decided, self.rank, self.trainer.strategy.root_device)
-        if number and not self._loop._should_accumulate():  # the last batch ended its accumulation window
-            self._stop(number)
+    def _position(self) -> int:
+        """The watchdog thread, asked by rank 0: the first batch this rank can still stop before; it holds there."""
+        with self._lock:
+            self._holding = True
+            self._agreed.clear()
+            return self._next
+
+    def _on_agreed(self, message: dict[str, str]) -> None:
+        """The watchdog thread, told by rank 0: the batch every rank stops before (``-1``: no stop after all)."""
+        before = int(message["before"])
+        with self._lock:
+            self._before = before if before >= 0 else None
+            self._number = int(message["signal"])
+            self._holding = False
+        self._agreed.set()
+
+    def _at_batch_start(self) -> None:
+        """In place of Lightning's ``_broadcast_sigterm_tensor``, before each training batch: stop if agreed."""
+        batch = self._loop.batch_progress.total.ready  # the batch about to start
+        while True:
+            with self._lock:
+                if not self._holding:  # pass the batch start, atomically with what rank 0 is told
+                    before, self._next = self._before, batch + 1
+                    break
+            self._wait_for_agreement()
+        if before is not None and batch >= before and not self._loop._should_accumulate():
+            self._stop(self._number)  # the last batch ended its accumulation window
+
+    def _wait_for_agreement(self) -> None:
+        """Wait for rank 0 to tell the agreed batch; an error posted meanwhile ends this rank with it."""
+        while not self._agreed.wait(_HOLD_LOOK):
+            posted = self.watchdog.posted()
+            if posted is not None:
+                self._flush()
+                raise_record(posted)
 
     def _stop(self, number: int) -> NoReturn:
         """Every rank, before the same training step: flush, checkpoint, tell, raise ``SIGTERMException``."""

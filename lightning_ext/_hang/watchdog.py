@@ -137,6 +137,16 @@ class Watchdog:
         answers: dict[int, Facts] = ask(self._store, ranks, "facts", ANSWER_TIMEOUT)
         return answers
 
+    def ask_others(self, kind: str) -> dict[int, Any]:
+        """From this watchdog's thread (a handler): every other rank's answer to a request of ``kind``."""
+        others = [rank for rank in range(self.world_size) if rank != self.rank]
+        return ask(self._thread_store, others, kind, ANSWER_TIMEOUT)
+
+    def tell_everyone(self, kind: str, **fields: str) -> None:
+        """From this watchdog's thread (a handler): mail every rank's watchdog, this one's too."""
+        for rank in range(self.world_size):
+            mail(self._thread_store, rank, {"type": kind, **fields})
+
     @property
     def store(self) -> object:
         """The training thread's store client (under the run's namespace)."""

@@ -8,7 +8,7 @@ import sys
 from collections.abc import Iterable
 from functools import cache
 from types import FrameType
-from typing import Literal
+from typing import Any, Literal
 
 from lightning_ext.errors import LightningPackageMismatchError
 
@@ -24,6 +24,7 @@ __all__ = [
     "module_for",
     "package_for_caller",
     "package_of",
+    "parts_of_run",
     "strategy_for_other_package",
 ]
 
@@ -115,6 +116,20 @@ def package_of(cls: type) -> Package | None:
     """
     lightning = _first_lightning_class(cls)
     return None if lightning is None else _ROOTS[lightning.__module__.partition(".")[0]]
+
+
+def parts_of_run(strategy: Any, trainer: Any) -> list[tuple[str, object]]:
+    """Every Lightning object of a run, as ``(what it is, the object)``: the strategy's plugins, and with a trainer,
+    the trainer, the module, the datamodule, the callbacks and the loggers."""
+    parts: list[tuple[str, object]] = [("the accelerator", strategy.accelerator)]
+    parts += [("the precision plugin", strategy.precision_plugin)]
+    parts += [("the cluster environment", strategy.cluster_environment), ("the checkpoint IO", strategy._checkpoint_io)]
+    if trainer is not None:
+        parts += [("the Trainer", trainer), ("the LightningModule", trainer.lightning_module)]
+        parts += [("the datamodule", trainer.datamodule)] if trainer.datamodule is not None else []
+        parts += [(f"the callback {type(callback).__name__}", callback) for callback in trainer.callbacks]
+        parts += [(f"the logger {type(logger).__name__}", logger) for logger in trainer.loggers]
+    return parts
 
 
 def check_one_package(package: Package, objects: Iterable[tuple[str, object]], strategy: str) -> None:

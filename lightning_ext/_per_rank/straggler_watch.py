@@ -148,3 +148,19 @@ def warning_text(record: Any, log_dir: str, *, reminder: bool = False) -> str:
         f" and they lost {record.cost:.0%} of their step time waiting for it. After the run,"
         f" `lightning-ext ranks {log_dir} --stragglers` gives the verdict of the whole run."
     )
+
+
+def start_telemetry(
+    logger: Any, trainer: Any, options: Any, rank: int, world_size: int, cuda_device: Any, mailbox: Any, log_dir: Any
+) -> Telemetry:
+    """Start ``trainer``'s telemetry on this rank (``options``: its :class:`~lightning_ext.PerRankMetrics`), with the
+    live straggler check where the options ask for it and the rank has a watchdog (``mailbox``); detaching the
+    telemetry stops the check."""
+    window = options.straggler_window or 0
+    telemetry = Telemetry(logger, rank, options.telemetry_every_n_steps, cuda_device, window)
+    telemetry.attach(trainer)
+    if window and mailbox is not None and log_dir is not None:
+        reminder = options.straggler_reminder_minutes * 60
+        watch = StragglerWatch(telemetry, mailbox, rank, world_size, window, reminder, log_dir)
+        telemetry.detaching = watch.stop
+    return telemetry

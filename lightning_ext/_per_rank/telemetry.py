@@ -105,6 +105,7 @@ class Telemetry:
         self.gradient_wait = GradientWait(self.timer)
         self.window: deque[WindowRow] = deque(maxlen=window)
         self.row_written: Callable[[], None] = _nothing  # set by the owner: called after each row (the live verdict)
+        self.detaching: Callable[[], None] = _nothing  # and first in :meth:`detach` (the live verdict's stop)
         self._logger = logger
         self._rank = rank
         self._every = every_n_steps
@@ -154,6 +155,8 @@ class Telemetry:
 
     def detach(self) -> None:
         """Write the batches timed since the last row, and give the loop and the model their own methods back."""
+        detaching, self.detaching = self.detaching, _nothing
+        detaching()
         shadowed, self._shadowed = self._shadowed, []
         if not shadowed:
             return

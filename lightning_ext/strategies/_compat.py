@@ -5,13 +5,16 @@ Compiled once per Lightning package (``lightning``, ``pytorch_lightning``), it c
 
 import inspect
 from collections.abc import Iterable
+from types import ModuleType
+from typing import Any
 
 import lightning
-from lightning.pytorch import Trainer
+from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 from lightning.pytorch.loops.evaluation_loop import _EvaluationLoop
 from lightning.pytorch.loops.fetchers import _DataFetcher, _PrefetchDataFetcher
 from lightning.pytorch.loops.fit_loop import _FitLoop
+from lightning.pytorch.trainer import call as _call
 from lightning.pytorch.trainer.connectors.accelerator_connector import _AcceleratorConnector
 from lightning.pytorch.trainer.connectors.logger_connector.logger_connector import _LoggerConnector
 from lightning.pytorch.trainer.connectors.logger_connector.result import _ResultCollection, _ResultMetric
@@ -67,7 +70,7 @@ def warn_if_unverified() -> None:
     )
 
 
-SIGNATURES: dict[tuple[type, str], tuple[tuple[str, ...], ...]] = {
+SIGNATURES: dict[tuple[Any, str], tuple[tuple[str, ...], ...]] = {
     # wrapped at run time (lightning_ext.strategies._runtime)
     (ModelCheckpoint, "_save_topk_checkpoint"): (("self", "trainer", "monitor_candidates"),),
     (ModelCheckpoint, "on_train_batch_end"): (("self", "trainer", "pl_module", "outputs", "batch", "batch_idx"),),
@@ -83,6 +86,16 @@ SIGNATURES: dict[tuple[type, str], tuple[tuple[str, ...], ...]] = {
     (_PrefetchDataFetcher, "__next__"): (("self",),),
     (Trainer, "_run"): (("self", "model", "ckpt_path"), ("self", "model", "ckpt_path", "weights_only")),  # 2.5, 2.6
     (_DataFetcher, "setup"): (("self", "combined_loader"),),
+    # trainer/call.py's functions (the hooks end there: the coalesced sync), and the log a compiled module calls
+    (_call, "_call_lightning_module_hook"): (("trainer", "hook_name", "args", "pl_module", "kwargs"),),
+    (_call, "_call_callback_hooks"): (("trainer", "hook_name", "args", "monitoring_callbacks", "kwargs"),),
+    (_call, "_call_strategy_hook"): (("trainer", "hook_name", "args", "kwargs"),),
+    (LightningModule, "log"): (
+        (
+            *("self", "name", "value", "prog_bar", "logger", "on_step", "on_epoch", "reduce_fx", "enable_graph"),
+            *("sync_dist", "sync_dist_group", "add_dataloader_idx", "batch_size", "metric_attribute", "rank_zero_only"),
+        ),
+    ),
     # wrapped once the package is imported: its Trainer names our strategy of the other package (_runtime)
     (_AcceleratorConnector, "_check_config_and_set_final_flags"): (
         ("self", "strategy", "accelerator", "precision", "plugins", "sync_batchnorm"),
@@ -97,11 +110,11 @@ SIGNATURES: dict[tuple[type, str], tuple[tuple[str, ...], ...]] = {
 }
 """``(class, method name)`` → the parameter names it may have, one tuple per verified form."""
 
-CALLED: tuple[tuple[type, str], ...] = tuple(list(SIGNATURES)[-6:])
+CALLED: tuple[tuple[Any, str], ...] = tuple(list(SIGNATURES)[-6:])
 """The methods lightning-ext calls without wrapping them: checked whether or not Lightning is patched."""
 
 
-def check_signatures(methods: Iterable[tuple[type, str]]) -> None:
+def check_signatures(methods: Iterable[tuple[Any, str]]) -> None:
     """Raise if one of ``methods`` has other parameters than :data:`SIGNATURES` records.
 
     Example:
@@ -118,7 +131,7 @@ def check_signatures(methods: Iterable[tuple[type, str]]) -> None:
             continue
         version = lightning_version()
         raise RuntimeError(
-            f"lightning-ext cannot use {owner.__module__}.{owner.__qualname__}.{name} of {_NAME} {version}: it"
+            f"lightning-ext cannot use {_dotted(owner)}.{name} of {_NAME} {version}: it"
             f" expects the parameters {' or '.join(_format(names) for names in accepted)}, found"
             f" {'no such method' if found is None else _format(found)}. lightning-ext is verified with Lightning"
             f" {' and '.join(VERIFIED)}: install one of them (e.g. `{_PIP}`), or a lightning-ext release that"
@@ -126,7 +139,12 @@ def check_signatures(methods: Iterable[tuple[type, str]]) -> None:
         )
 
 
-def _parameters(owner: type, name: str) -> tuple[str, ...] | None:
+def _dotted(owner: Any) -> str:
+    """``lightning.pytorch.trainer.call`` for a module, ``module.Class`` for a class."""
+    return owner.__name__ if isinstance(owner, ModuleType) else f"{owner.__module__}.{owner.__qualname__}"
+
+
+def _parameters(owner: Any, name: str) -> tuple[str, ...] | None:
     """The parameter names of ``owner.name`` (a property's getter), or ``None`` if there is no such callable."""
     attribute = inspect.getattr_static(owner, name, None)
     function = attribute.fget if isinstance(attribute, property) else getattr(owner, name, None)

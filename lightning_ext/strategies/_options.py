@@ -13,10 +13,11 @@ from typing import Any, cast
 
 from lightning_ext._hang.guard import HangChecks, UnevenMode
 from lightning_ext._hang.stall import OnStall
+from lightning_ext._sync.hooks import LogSync
 from lightning_ext.policies import PolicyLike
 from lightning_ext.rank_metrics import PerRankMetrics
 
-__all__ = ["StrategyOptions", "init_for", "mixin_signature"]
+__all__ = ["StrategyOptions", "give_init", "init_for", "mixin_signature"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,6 +35,7 @@ class StrategyOptions:
     preemption_policy: PolicyLike | None = "any"
     stall_timeout: float | str | None = "auto"
     on_stall: OnStall = "error"
+    log_sync: LogSync = "coalesced"
 
     @classmethod
     def take(cls, kwargs: dict[str, Any]) -> "StrategyOptions":
@@ -103,3 +105,18 @@ def _calling_super(klass: type) -> Callable[..., None]:
         super().__init__(*args, **kwargs)  # type: ignore[misc]
 
     return __init__
+
+
+def give_init(cls: type, mixin: type) -> None:
+    """Give ``cls``, a subclass of ``mixin`` that defines no ``__init__`` (nor does any class between it and the
+    mixin), one with its strategy's signature and the options (:func:`init_for`)."""
+    mro = cls.__mro__
+    if mixin not in mro:
+        return
+    at = mro.index(mixin)
+    if any("__init__" in vars(klass) for klass in mro[:at]):
+        return
+    base = next((klass for klass in mro[at + 1 :] if "__init__" in vars(klass) and klass is not object), None)
+    init = None if base is None else init_for(cls, base)
+    if init is not None:
+        cls.__init__ = init  # type: ignore[misc]

@@ -5,34 +5,37 @@ import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from types import ModuleType
 from typing import Any, Literal
 
-from lightning.pytorch import Trainer
+import torch
+from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 from lightning.pytorch.loops.evaluation_loop import _EvaluationLoop
 from lightning.pytorch.loops.fetchers import _DataFetcher, _PrefetchDataFetcher
 from lightning.pytorch.loops.fit_loop import _FitLoop
 from lightning.pytorch.strategies import ParallelStrategy
+from lightning.pytorch.trainer import call as _call
 from lightning.pytorch.trainer.connectors.accelerator_connector import _AcceleratorConnector
 from lightning.pytorch.trainer.connectors.logger_connector.logger_connector import _LoggerConnector
 from lightning.pytorch.trainer.connectors.logger_connector.result import _ResultCollection, _ResultMetric
 
-from lightning_ext._hang import hooks as hang_hooks
 from lightning_ext._packages.choice import strategy_for_other_package
 from lightning_ext._per_rank import local_values
 from lightning_ext._setup import checks as setup_checks
 from lightning_ext.strategies import _compat
+from lightning_ext.strategies import _seam_hooks as seam_hooks
 
 __all__ = ["check_trainer_strategies", "install", "patch_mode", "runtime_patching_enabled", "seams_available"]
 
 _MARKER = "__lightning_ext_seam__"
 _NATIVE_MARKER = "_LIGHTNING_EXT_SEAM"  # a class attribute that the patch series adds to each patched class
-_HOOKS = "_lightning_ext_hooks"  # the module attribute through which a patched Lightning calls hang_hooks
+_HOOKS = "_lightning_ext_hooks"  # the module attribute through which a patched Lightning calls seam_hooks
 _SETUP_HOOKS = "_lightning_ext_setup_checks"  # and setup_checks (the fetchers module, patch 0005)
 _ENV_SWITCH = "LIGHTNING_EXT_RUNTIME_PATCHING"
-_DECISIONS, _HANG, _SETUP = 1, 2, 3  # the series level that makes a seam native (0001-0003, 0004, 0005)
+_DECISIONS, _HANG, _SETUP, _SYNC = 1, 2, 3, 4  # the series level that makes a seam native (0001-0003, 0004, 0005, 0006)
 
-Seam = tuple[type, str, Callable[[Any], Any]]
+Seam = tuple[Any, str, Callable[[Any], Any]]  # (the class or module that holds it, the attribute, the wrapper maker)
 
 
 def patch_mode() -> Literal["native", "runtime"]:
@@ -68,10 +71,11 @@ def install() -> None:
 
     """
     _compat.warn_if_unverified()
-    for owner, _, _ in _hang_seams():
-        module = sys.modules.get(owner.__module__)
-        if _level(owner) >= _HANG and module is not None and hasattr(module, _HOOKS):
-            setattr(module, _HOOKS, hang_hooks)
+    for seams, level in ((_hang_seams(), _HANG), (_sync_seams(), _SYNC)):
+        for owner, _, _ in seams:
+            module = owner if isinstance(owner, ModuleType) else sys.modules.get(owner.__module__)
+            if _level(owner) >= level and module is not None and hasattr(module, _HOOKS):
+                setattr(module, _HOOKS, seam_hooks)
     fetchers = sys.modules.get(_DataFetcher.__module__)
     if _level(_DataFetcher) >= _SETUP and fetchers is not None and hasattr(fetchers, _SETUP_HOOKS):
         setattr(fetchers, _SETUP_HOOKS, setup_checks)
@@ -82,7 +86,7 @@ def install() -> None:
     if not runtime_patching_enabled():
         return
     for owner, name, make in pending:
-        current = owner.__dict__.get(name, getattr(owner, name))
+        current = vars(owner).get(name, getattr(owner, name))
         if isinstance(current, property) and current.fget is not None:
             getter = make(current.fget)
             setattr(getter, _MARKER, True)
@@ -110,23 +114,27 @@ def check_trainer_strategies() -> None:
     _AcceleratorConnector._check_config_and_set_final_flags = wrapper  # type: ignore[method-assign]
 
 
-def _level(owner: type) -> int:
+def _level(owner: Any) -> int:
+    """The series level a class (or, for ``trainer/call.py``, the module) was patched to; 0 when not patched."""
     return int(getattr(owner, _NATIVE_MARKER, 0))
 
 
 def _is_native(seam: Seam) -> bool:
-    """Whether the patched Lightning carries this seam: the hang checks' ones came with level 2, as did the part of
-    ``_ResultMetric.forward`` that says which value syncs."""
+    """Whether the patched Lightning carries this seam: the decisions' ones came with level 1, the hang checks' with
+    level 2 (as did the part of ``_ResultMetric.forward`` that says which value syncs), the set-up checks' with 3, the
+    coalesced sync's hook ends and the compiled ``LightningModule.log`` with 4."""
     owner, name, _ = seam
     if (owner, name) == (_DataFetcher, "setup"):
         return _level(owner) >= _SETUP
+    if owner is _call or owner is LightningModule:
+        return _level(owner) >= _SYNC
     decisions_only = (owner, name) in _LEVEL_1_SEAMS
     return _level(owner) >= (_DECISIONS if decisions_only else _HANG)
 
 
 def _is_wrapped(seam: Seam) -> bool:
     owner, name, _ = seam
-    current = owner.__dict__.get(name, getattr(owner, name, None))
+    current = vars(owner).get(name, getattr(owner, name, None))
     function = current.fget if isinstance(current, property) else current
     return bool(getattr(function, _MARKER, False))
 
@@ -142,7 +150,7 @@ _LEVEL_1_SEAMS = frozenset(
 
 
 def _all_seams() -> tuple[Seam, ...]:
-    return (*_seams(), *_hang_seams(), (_DataFetcher, "setup", _loaders_seam))
+    return (*_seams(), *_hang_seams(), (_DataFetcher, "setup", _loaders_seam), *_sync_seams())
 
 
 def _seams() -> tuple[Seam, ...]:
@@ -165,6 +173,15 @@ def _hang_seams() -> tuple[Seam, ...]:
         (_EvaluationLoop, "max_batches", _evaluation_batches_seam),
         (_PrefetchDataFetcher, "__next__", _fetch_seam),
         (Trainer, "_run", _run_seam),
+    )
+
+
+def _sync_seams() -> tuple[Seam, ...]:
+    return (
+        (_call, "_call_lightning_module_hook", _hook_end_seam),
+        (_call, "_call_callback_hooks", _hook_end_seam),
+        (_call, "_call_strategy_hook", _hook_end_seam),
+        (LightningModule, "log", _compiled_log_seam),
     )
 
 
@@ -245,7 +262,7 @@ def _loggers_for_this_call(trainer: Any, loggers: list[Any]) -> Iterator[None]:
 def _forward_seam(original: Callable[..., None]) -> Callable[..., None]:
     @functools.wraps(original)
     def forward(self: _ResultMetric, value: Any, batch_size: int) -> None:
-        with hang_hooks.syncing(self, "step"):
+        with seam_hooks.syncing(self, "step"):
             original(self, value, batch_size)
         local_values.record_update(self, value)
 
@@ -255,7 +272,7 @@ def _forward_seam(original: Callable[..., None]) -> Callable[..., None]:
 def _compute_seam(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def compute(self: _ResultMetric) -> Any:
-        with hang_hooks.syncing(self, "epoch"):
+        with seam_hooks.syncing(self, "epoch"):
             return original(self)
 
     return compute
@@ -264,7 +281,7 @@ def _compute_seam(original: Callable[..., Any]) -> Callable[..., Any]:
 def _epoch_metrics_seam(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def metrics(self: _ResultCollection, on_step: bool) -> Any:
-        with hang_hooks.epoch_round(self, on_step):
+        with seam_hooks.epoch_round(self, on_step):
             return original(self, on_step)
 
     return metrics
@@ -274,7 +291,7 @@ def _batch_start_seam(original: Callable[..., None]) -> Callable[..., None]:
     @functools.wraps(original)
     def on_batch_start(self: _LoggerConnector, *args: Any, **kwargs: Any) -> None:
         original(self, *args, **kwargs)
-        hang_hooks.batch_started()
+        seam_hooks.batch_started()
 
     return on_batch_start
 
@@ -283,7 +300,7 @@ def _fit_data_seam(original: Callable[..., None]) -> Callable[..., None]:
     @functools.wraps(original)
     def setup_data(self: _FitLoop) -> None:
         original(self)
-        hang_hooks.after_fit_setup_data(self)
+        seam_hooks.after_fit_setup_data(self)
 
     return setup_data
 
@@ -292,7 +309,7 @@ def _evaluation_data_seam(original: Callable[..., None]) -> Callable[..., None]:
     @functools.wraps(original)
     def setup_data(self: _EvaluationLoop) -> None:
         original(self)
-        hang_hooks.after_eval_setup_data(self)
+        seam_hooks.after_eval_setup_data(self)
 
     return setup_data
 
@@ -300,7 +317,7 @@ def _evaluation_data_seam(original: Callable[..., None]) -> Callable[..., None]:
 def _evaluation_batches_seam(original: Callable[..., list[Any]]) -> Callable[..., list[Any]]:
     @functools.wraps(original)
     def max_batches(self: _EvaluationLoop) -> list[Any]:
-        return hang_hooks.max_batches(self, original(self))
+        return seam_hooks.max_batches(self, original(self))
 
     return max_batches
 
@@ -308,7 +325,7 @@ def _evaluation_batches_seam(original: Callable[..., list[Any]]) -> Callable[...
 def _fetch_seam(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def __next__(self: _PrefetchDataFetcher) -> Any:
-        return hang_hooks.fetch(self, functools.partial(original, self))
+        return seam_hooks.fetch(self, functools.partial(original, self))
 
     return __next__
 
@@ -331,6 +348,22 @@ def _trainer_check_seam(original: Callable[..., None]) -> Callable[..., None]:
         original(self, strategy, *args, **kw)
 
     return _check_config_and_set_final_flags
+
+
+def _hook_end_seam(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def call_hook(trainer: Any, hook_name: str, *args: Any, **kwargs: Any) -> Any:
+        output = original(trainer, hook_name, *args, **kwargs)
+        seam_hooks.hook_ended()  # every rank calls the same hooks in the same order: the values logged in it sync
+        return output
+
+    return call_hook
+
+
+def _compiled_log_seam(original: Callable[..., None]) -> Callable[..., None]:
+    """``LightningModule.log`` runs eagerly inside a ``torch.compile``'d module (Lightning #21837): dynamo cannot trace
+    it (``InternalTorchDynamoError: AttributeError: 'method' object has no attribute '__dict__'``)."""
+    return torch.compiler.disable(original)  # type: ignore[no-untyped-call,no-any-return]
 
 
 def _run_seam(original: Callable[..., Any]) -> Callable[..., Any]:

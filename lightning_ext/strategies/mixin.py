@@ -14,29 +14,28 @@ from lightning_ext._decisions import checkpoint, early_stopping
 from lightning_ext._hang.guard import HangChecks, HangGuard, UnevenMode, validate_options
 from lightning_ext._hang.stall import StallOptions
 from lightning_ext._hang.stop import resolve_preemption_policy
-from lightning_ext._packages.choice import Package, check_one_package, package_of, strategy_for_other_package
-from lightning_ext._per_rank import local_values
+from lightning_ext._packages.choice import (
+    Package,
+    check_one_package,
+    package_of,
+    parts_of_run,
+    strategy_for_other_package,
+)
+from lightning_ext._per_rank import local_values, step_timer
 from lightning_ext._per_rank.decision_file import DecisionFile
 from lightning_ext._per_rank.logger import RankCSVLogger, loggers_for
-from lightning_ext._per_rank.step_timer import (
-    COLLECTIVES,
-    FORWARD,
-    OPTIMIZER,
-    GradientWait,
-    StepTimer,
-    timed,
-    timed_backward,
-    timing,
-)
-from lightning_ext._per_rank.straggler_watch import StragglerWatch
+from lightning_ext._per_rank.straggler_watch import start_telemetry
 from lightning_ext._per_rank.telemetry import Telemetry
 from lightning_ext._per_rank.tensorboard_files import event_files_for
 from lightning_ext._setup import checks as setup_checks
+from lightning_ext._sync import hooks as sync_hooks
+from lightning_ext._sync.hooks import LogSync
+from lightning_ext._sync.queue import SyncQueue
 from lightning_ext.policies import DecisionPolicy, resolve_policy
 from lightning_ext.rank_metrics import PerRankMetrics
 from lightning_ext.strategies import _compat, _runtime
 from lightning_ext.strategies._class_checks import check_base, check_order
-from lightning_ext.strategies._options import StrategyOptions, init_for, mixin_signature
+from lightning_ext.strategies._options import StrategyOptions, give_init, mixin_signature
 from lightning_ext.strategies._set_up import agree, invalid_policies
 
 __all__ = ["PolicyStrategyMixin"]
@@ -77,6 +76,9 @@ class PolicyStrategyMixin(_Strategy):
             the stall report (``<log_dir>/stall_report.txt``) and the run ends with ``StallError``; ``"auto"``
             (default) reports shortly before the process group's timeout and ends the run only at it; ``None``: off.
         on_stall: ``"error"`` (default) or ``"report"`` (write the report, keep waiting).
+        log_sync: ``"coalesced"`` (default): the values a hook logs with ``sync_dist=True`` sync together when the
+            hook returns, in one all-reduce per reduce op and dtype (and an epoch-end round's values together);
+            ``"per_value"``: each value syncs inside its ``self.log``, as stock Lightning does (docs/synced-logging.md).
 
     Raises:
         TypeError: at construction, the class is not a ``ParallelStrategy``, or it overrides
@@ -93,10 +95,9 @@ class PolicyStrategyMixin(_Strategy):
         base = package_of(cls)
         if base is not None and base != cls._lightning_package:  # the mixin of one package on the other's strategy
             raise strategy_for_other_package(cls, cls._lightning_package, base, f"{cls.__name__}'s base strategy")
-        check_order(
-            cls, PolicyStrategyMixin
-        )  # here, because with the mixin after the strategy, its __init__ would not run to check it
-        _give_init(cls)
+        # here, because with the mixin after the strategy, its __init__ would not run to check it
+        check_order(cls, PolicyStrategyMixin)
+        give_init(cls, PolicyStrategyMixin)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:  # its signature: the options' (below the class)
         self._check_buildable()
@@ -107,6 +108,7 @@ class PolicyStrategyMixin(_Strategy):
         validate_options(options.hang_checks, options.uneven_batches, options.check_unsized_loaders)
         preemption = resolve_preemption_policy(options.preemption_policy)
         stall_options = StallOptions(options.stall_timeout, options.on_stall)  # raises on a bad option
+        sync_hooks.validate_log_sync(options.log_sync)
         _runtime.install()
         if not _runtime.seams_available():
             raise RuntimeError(
@@ -124,9 +126,8 @@ class PolicyStrategyMixin(_Strategy):
         self._run_log_dir: str | None = None
         self.rank_metrics_logger: RankCSVLogger | None = None
         self._telemetry: Telemetry | None = None
-        self._step_timer: StepTimer | None = None  # times the phases below while telemetry is on
-        self._gradient_wait: GradientWait | None = None  # and the wait at the end of each backward pass
-        self._straggler_watch: StragglerWatch | None = None
+        self._step_timer: step_timer.StepTimer | None = None  # times the phases below while telemetry is on
+        self._gradient_wait: step_timer.GradientWait | None = None  # and the wait at the end of each backward pass
         self._hang_guard = HangGuard(
             options.hang_checks,
             options.uneven_batches,
@@ -134,10 +135,13 @@ class PolicyStrategyMixin(_Strategy):
             self._flush_rank_files,
             stall_options,
             preemption,
-            self._waiting,
+            # around a hang check's exchange, where this rank waits for the others: telemetry's collectives
+            lambda: step_timer.timing(self._step_timer, step_timer.COLLECTIVES),
         )
         self._decision_record = options.decision_record
         self.decision_file: DecisionFile | None = None  # rank 0's record, during a run
+        self._log_sync = options.log_sync
+        self._sync_queue: SyncQueue | None = None  # the synced logged values held until their hook ends, during a run
 
     @classmethod
     def _check_buildable(cls) -> None:
@@ -162,6 +166,11 @@ class PolicyStrategyMixin(_Strategy):
     def hang_checks(self) -> HangChecks:
         """Whether the hang checks are on (``True``), off (``False``), or in ``"debug"`` mode."""
         return self._hang_guard.mode
+
+    @property
+    def log_sync(self) -> LogSync:
+        """How synced logged values sync: ``"coalesced"`` (per hook, together) or ``"per_value"`` (as stock)."""
+        return self._log_sync
 
     @property
     def preemption_policy(self) -> DecisionPolicy | None:
@@ -191,6 +200,9 @@ class PolicyStrategyMixin(_Strategy):
         super().setup_environment()
         namespace, peers = self._agree_at_set_up()
         self._hang_guard.start(self._rank(), self.world_size, namespace, self._trainer(), peers)
+        if self._log_sync == "coalesced" and _collective.is_initialized():
+            self._sync_queue = SyncQueue(self._reduce_packed, self._hang_guard.check_pack)
+            sync_hooks.start(self._sync_queue)
         setup_checks.start(setup_checks.SetupChecks(RankGroup.from_strategy(self), self._trainer()))
 
     @override
@@ -224,16 +236,11 @@ class PolicyStrategyMixin(_Strategy):
         options = self._per_rank_metrics
         if self.rank_metrics_logger is not None and trainer is not None and options is not None and options.telemetry:
             cuda = self.root_device if self.root_device.type == "cuda" else None
-            window = options.straggler_window or 0
-            telemetry = Telemetry(self.rank_metrics_logger, self._rank(), options.telemetry_every_n_steps, cuda, window)
-            telemetry.attach(trainer)
+            telemetry = start_telemetry(
+                self.rank_metrics_logger, trainer, options, self._rank(), self.world_size, cuda,
+                self._hang_guard.watchdog, self._run_log_dir,
+            )  # fmt: skip
             self._telemetry, self._step_timer, self._gradient_wait = telemetry, telemetry.timer, telemetry.gradient_wait
-            watchdog = self._hang_guard.watchdog  # the live check rides on the watchdogs' mailboxes, where they run
-            if window and watchdog is not None and self._run_log_dir is not None:
-                reminder = options.straggler_reminder_minutes * 60
-                self._straggler_watch = StragglerWatch(
-                    telemetry, watchdog, self._rank(), self.world_size, window, reminder, self._run_log_dir
-                )
 
     @override
     def on_validation_start(self) -> None:
@@ -247,12 +254,10 @@ class PolicyStrategyMixin(_Strategy):
 
     @override
     def teardown(self) -> None:
-        watch, self._straggler_watch = self._straggler_watch, None
-        if watch is not None:
-            watch.stop()
         telemetry, self._telemetry, self._step_timer, self._gradient_wait = self._telemetry, None, None, None
         if telemetry is not None:
             telemetry.detach()  # its last row, and the methods it shadowed given back before the others' (the stop's)
+        self._stop_coalescing()
         self._hang_guard.unwatch_backward_passes(self)
         setup_checks.stop()
         try:
@@ -289,37 +294,47 @@ class PolicyStrategyMixin(_Strategy):
 
     @override
     def training_step(self, *args: Any, **kwargs: Any) -> Any:
-        return timed(self._step_timer, FORWARD, super().training_step, *args, **kwargs)
+        return step_timer.timed(self._step_timer, step_timer.FORWARD, super().training_step, *args, **kwargs)
 
     @override
     def backward(self, *args: Any, **kwargs: Any) -> Any:
-        return timed_backward(self._gradient_wait, super().backward, *args, **kwargs)
+        return step_timer.timed_backward(self._gradient_wait, super().backward, *args, **kwargs)
 
     @override
     def optimizer_step(self, *args: Any, **kwargs: Any) -> Any:
-        return timed(self._step_timer, OPTIMIZER, super().optimizer_step, *args, **kwargs)
+        return step_timer.timed(self._step_timer, step_timer.OPTIMIZER, super().optimizer_step, *args, **kwargs)
 
     @override
     def reduce(self, tensor: Any, group: Any | None = None, reduce_op: Any = "mean") -> Any:
         tensor = _collective.exact_mean_input(tensor, reduce_op)
-        with timing(self._step_timer, COLLECTIVES):
+        queue = self._sync_queue
+        if queue is not None and _collective.is_world(group):
+            synced = queue.take(tensor, reduce_op)  # a logged value: it syncs with the others of its hook or round
+            if synced is not None:
+                return synced
+        with step_timer.timing(self._step_timer, step_timer.COLLECTIVES):
             return self._hang_guard.reduce(super().reduce, tensor, group, reduce_op)  # type: ignore[safe-super]
+
+    def _reduce_packed(self, tensor: Any, reduce_op: str) -> Any:
+        """Lightning's own ``reduce`` of packed logged values, without its barrier (their check lined the ranks up)."""
+        with step_timer.timing(self._step_timer, step_timer.COLLECTIVES), self._hang_guard.without_barrier():
+            return super().reduce(tensor, group=None, reduce_op=reduce_op)  # type: ignore[safe-super]
 
     @override
     def barrier(self, name: str | None = None) -> None:
-        with timing(self._step_timer, COLLECTIVES):
-            self._hang_guard.check_call(f"strategy.barrier({name!r})", ("barrier", name))
+        with step_timer.timing(self._step_timer, step_timer.COLLECTIVES):
+            self._hang_guard.check_call(f"strategy.barrier({'' if name is None else repr(name)})", ("barrier", name))
             super().barrier(name)  # type: ignore[safe-super]
 
     @override
     def broadcast(self, obj: Any, src: int = 0) -> Any:
-        with timing(self._step_timer, COLLECTIVES):
+        with step_timer.timing(self._step_timer, step_timer.COLLECTIVES):
             self._hang_guard.check_call(f"strategy.broadcast(src={src})", ("broadcast", src))
             return super().broadcast(obj, src)  # type: ignore[safe-super]
 
     @override
     def all_gather(self, tensor: Any, group: Any | None = None, sync_grads: bool = False) -> Any:
-        with timing(self._step_timer, COLLECTIVES):
+        with step_timer.timing(self._step_timer, step_timer.COLLECTIVES):
             if _collective.is_world(group):
                 shape = tuple(tensor.shape) if hasattr(tensor, "shape") else None
                 identity = ("all_gather", shape, str(getattr(tensor, "dtype", None)))
@@ -328,24 +343,17 @@ class PolicyStrategyMixin(_Strategy):
 
     def on_run_failure(self, error: BaseException) -> None:
         """The ``Trainer._run`` seam: a fit/validate/test raised on this rank (see :class:`HangGuard.on_failure`)."""
+        self._stop_coalescing()  # the values still held die with the run: Lightning's on_exception hooks follow
         self._hang_guard.on_failure(error, self._rank())
 
     def _check_one_package(self) -> None:
         """Raise if the run holds objects of the other Lightning package (they would escape the seams silently)."""
-        trainer = self._trainer()
-        parts: list[tuple[str, object]] = [("the accelerator", self.accelerator)]
-        parts += [("the precision plugin", self.precision_plugin)]
-        parts += [("the cluster environment", self.cluster_environment), ("the checkpoint IO", self._checkpoint_io)]
-        if trainer is not None:
-            parts += [("the Trainer", trainer), ("the LightningModule", trainer.lightning_module)]
-            parts += [("the datamodule", trainer.datamodule)] if trainer.datamodule is not None else []
-            parts += [(f"the callback {type(callback).__name__}", callback) for callback in trainer.callbacks]
-            parts += [(f"the logger {type(logger).__name__}", logger) for logger in trainer.loggers]
-        check_one_package(self._lightning_package, parts, type(self).__name__)
+        check_one_package(self._lightning_package, parts_of_run(self, self._trainer()), type(self).__name__)
 
-    def _waiting(self) -> timing:
-        """Around a hang check's exchange: this rank waits for the others there (a collective of telemetry's)."""
-        return timing(self._step_timer, COLLECTIVES)
+    def _stop_coalescing(self) -> None:
+        if self._sync_queue is not None:
+            sync_hooks.stop()
+            self._sync_queue = None
 
     def _flush_rank_files(self) -> None:
         if self.rank_metrics_logger is not None:
@@ -371,6 +379,7 @@ class PolicyStrategyMixin(_Strategy):
             repr(self._decision_record),
             repr(guard.preemption_policy),
             repr(guard.stall_options),
+            repr(self._log_sync),
         )
         policies = (self._checkpoint_policy, self._early_stopping_policy, guard.preemption_policy)
         invalid = invalid_policies(*policies, world_size=self.world_size)
@@ -383,18 +392,3 @@ class PolicyStrategyMixin(_Strategy):
 
 
 PolicyStrategyMixin.__init__.__signature__ = mixin_signature(PolicyStrategyMixin.__init__)  # type: ignore[attr-defined]
-
-
-def _give_init(cls: type) -> None:
-    """Give a subclass that defines no ``__init__`` (nor any class between it and the mixin) one with its strategy's
-    signature and the options (:func:`~lightning_ext.strategies._options.init_for`)."""
-    mro = cls.__mro__
-    if PolicyStrategyMixin not in mro:
-        return
-    at = mro.index(PolicyStrategyMixin)
-    if any("__init__" in vars(klass) for klass in mro[:at]):
-        return
-    base = next((klass for klass in mro[at + 1 :] if "__init__" in vars(klass) and klass is not object), None)
-    init = None if base is None else init_for(cls, base)
-    if init is not None:
-        cls.__init__ = init  # type: ignore[misc]

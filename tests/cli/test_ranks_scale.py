@@ -10,7 +10,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -153,24 +152,20 @@ def test_nothing_readable_is_an_error(tmp_path, capsys):
 
 
 @pytest.mark.timeout(120)
-def test_the_command_starts_without_lightning_or_torch_and_quickly(log_dir):
-    """In a fresh interpreter: the whole command, then which modules it imported and how long it took."""
+def test_the_command_starts_without_lightning_or_torch(log_dir):
+    """In a fresh interpreter: the whole command, then which modules it imported (how fast it starts is measured by
+    ``python -m benchmarks.scale``, not judged here: a loaded machine would fail a time limit without a defect)."""
     script = (
-        "import sys, time\n"
-        "start = time.perf_counter()\n"
+        "import sys\n"
         "from lightning_ext.cli import main\n"
         f"code = main(['ranks', {str(log_dir)!r}, '--format', 'json'])\n"
         "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'lightning', 'matplotlib', 'psutil'))\n"
-        "print(code, time.perf_counter() - start, heavy, file=sys.stderr)\n"
+        "print(code, heavy, file=sys.stderr)\n"
     )
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    started = time.perf_counter()
     process = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env)
-    wall = time.perf_counter() - started
-    code, inside, heavy = process.stderr.split(" ", 2)
+    code, heavy = process.stderr.split(" ", 1)
     assert (code, heavy.strip()) == ("0", "[]"), process.stderr
-    # importing torch alone takes longer than this here; the benchmark measures the start properly
-    assert float(inside) < 3.0 and wall < 6.0, (inside, wall)
 
 
 @pytest.mark.timeout(120)

@@ -1,7 +1,8 @@
 """Property tests: random per-rank metrics through the real decision path, in real gloo process groups.
 
 World sizes 2-4 run in persistent rank pools (one process group serves every example); world size 1 runs in this
-process, where ``torch.distributed`` is not even initialised, so any collective would raise. Every rank's answer must
+process, where ``torch.distributed`` is not even initialised, so any collective would raise. Each property runs per
+world size (:mod:`tests.helpers.search` says how many examples). Every rank's answer must
 equal the single-process reference (:mod:`tests.helpers.decision_reference`: stock Lightning's own callback code per
 rank and its own rule table, with no lightning_ext in it). The reference's visible state is the same for every rank, so
 a rank that drifts from the others fails that comparison. Policies travel as plain specs (``"quorum:2"``); each rank
@@ -16,13 +17,14 @@ from typing import Any
 
 import pytest
 import torch.distributed as dist
-from hypothesis import assume, given
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from lightning_ext._decisions.rows import Observation
 from tests.helpers import decision_reference as _reference
 from tests.helpers import decision_tasks as tasks
 from tests.helpers.pool import RankFailure
+from tests.helpers.search import PER_SUITE_CHEAP, examples
 
 SPECIAL = [math.inf, -math.inf, math.nan]
 DYADIC = st.integers(-40, 40).map(lambda n: n / 4)  # ties are common; sums are exact in any order
@@ -36,6 +38,7 @@ def every_policy(world: int) -> list[str]:
 
 
 AGGREGATES = _reference.AGGREGATES
+EXAMPLES = settings(max_examples=examples(PER_SUITE_CHEAP))  # per world size
 
 
 def run_on_ranks(rank_pools: Any, world: int, target: str, per_rank: list[tuple[Any, ...]]) -> list[Any]:
@@ -73,8 +76,7 @@ def expect_same_error(call: Callable[[], Any], world: int, fragment: str) -> Non
 
 
 @st.composite
-def exchange_cases(draw: st.DrawFn) -> tuple[int, str, int, list[Observation]]:
-    world = draw(st.integers(1, 4))
+def exchange_cases(draw: st.DrawFn, world: int) -> tuple[int, str, int, list[Observation]]:
     kind = draw(st.sampled_from(["vote", "mean", "min", "max"]))
     n_extras = draw(st.integers(0, 2))
     value = st.one_of(st.none(), VALUES) if draw(st.integers(0, 5)) == 0 else VALUES
@@ -122,17 +124,20 @@ def observed_agreement(agreement: Any, expected: dict[str, Any]) -> dict[str, An
     return seen
 
 
-@given(exchange_cases())
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
 def test_property_one_exchange_tells_every_rank_presence_votes_values_and_every_ranks_part(
-    rank_pools: Any, case: Any
+    rank_pools: Any, world: int
 ) -> None:
     """Through a real gloo all-to-all: who has the metric, the tally, rank 0's value or the aggregate, rank 0's
     file-name metrics, whether any value is non-finite, and each rank's own value, vote and reference (what rank 0's
     decision record shows), checked against the observations themselves; every rank received the same rows."""
+    EXAMPLES(given(exchange_cases(world))(lambda case: _check_exchange(rank_pools, case)))()
+
+
+def _check_exchange(rank_pools: Any, case: Any) -> None:
     world, kind, n_extras, observations = case
-    results = run_on_ranks(
-        rank_pools, world, "tests.helpers.decision_tasks:exchange", [(kind, n_extras, obs) for obs in observations]
-    )
+    per_rank = [(kind, n_extras, obs) for obs in observations]
+    results = run_on_ranks(rank_pools, world, "tests.helpers.decision_tasks:exchange", per_rank)
     expected = expected_agreement(kind, observations)
     for rank, (rows, agreement) in enumerate(results):
         assert rows == results[0][0], f"rank {rank} received other rows"
@@ -140,8 +145,7 @@ def test_property_one_exchange_tells_every_rank_presence_votes_values_and_every_
 
 
 @st.composite
-def top_k_cases(draw: st.DrawFn) -> tuple[int, str, int, list[list[Any]], list[list[Any]]]:
-    world = draw(st.integers(1, 4))
+def top_k_cases(draw: st.DrawFn, world: int) -> tuple[int, str, int, list[list[Any]], list[list[Any]]]:
     mode = draw(st.sampled_from(["min", "max"]))
     save_top_k = draw(st.sampled_from([-1, 1, 2, 3]))
     epochs = draw(st.integers(1, 6))
@@ -166,8 +170,12 @@ def assert_no_non_finite_score(states: list[dict[str, Any]], where: str) -> None
         assert not any(bad in name for name in names for bad in ("val_loss=nan", "val_loss=inf", "val_loss=-inf"))
 
 
-@given(top_k_cases())
-def test_property_top_k_state_matches_the_stock_reference_on_every_rank(rank_pools: Any, case: Any) -> None:
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_property_top_k_state_matches_the_stock_reference_on_every_rank(rank_pools: Any, world: int) -> None:
+    EXAMPLES(given(top_k_cases(world))(lambda case: _check_top_k(rank_pools, case)))()
+
+
+def _check_top_k(rank_pools: Any, case: Any) -> None:
     world, mode, save_top_k, table, accs = case
     policies = every_policy(world)
     per_rank = [(policies, mode, save_top_k, table[rank], accs[rank]) for rank in range(world)]
@@ -187,8 +195,9 @@ def test_property_top_k_state_matches_the_stock_reference_on_every_rank(rank_poo
 
 
 @st.composite
-def early_stop_cases(draw: st.DrawFn) -> tuple[int, dict[str, Any], list[list[tuple[float, int]]], list[Any]]:
-    world = draw(st.integers(1, 4))
+def early_stop_cases(
+    draw: st.DrawFn, world: int
+) -> tuple[int, dict[str, Any], list[list[tuple[float, int]]], list[Any]]:
     config = {
         "mode": draw(st.sampled_from(["min", "max"])),
         "patience": draw(st.integers(1, 3)),
@@ -212,8 +221,12 @@ def early_stop_cases(draw: st.DrawFn) -> tuple[int, dict[str, Any], list[list[tu
     return world, config, starts, values
 
 
-@given(early_stop_cases())
-def test_property_early_stopping_state_matches_the_stock_reference_on_every_rank(rank_pools: Any, case: Any) -> None:
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_property_early_stopping_state_matches_the_stock_reference_on_every_rank(rank_pools: Any, world: int) -> None:
+    EXAMPLES(given(early_stop_cases(world))(lambda case: _check_early_stop(rank_pools, case)))()
+
+
+def _check_early_stop(rank_pools: Any, case: Any) -> None:
     world, config, starts, values = case
     policies = every_policy(world)
     per_rank = [(policies, config, [start[rank] for start in starts], values[rank]) for rank in range(world)]
@@ -232,12 +245,14 @@ def test_property_early_stopping_state_matches_the_stock_reference_on_every_rank
             assert _plain(results[rank][index]) == _plain(expected[index][rank]), f"{policy}, rank {rank}"
 
 
-@given(st.integers(2, 4), st.data())
-def test_property_arbitrary_float32_values_reduce_to_the_reference_value(
-    rank_pools: Any, world: int, data: st.DataObject
-) -> None:
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_property_arbitrary_float32_values_reduce_to_the_reference_value(rank_pools: Any, world: int) -> None:
     """Arbitrary float32 values (not only exactly summable ones): each rank reads back the mean summed in rank order,
     the exact extreme, or rank 0's exact value (vote)."""
+    EXAMPLES(given(st.data())(lambda data: _check_float32(rank_pools, world, data)))()
+
+
+def _check_float32(rank_pools: Any, world: int, data: st.DataObject) -> None:
     kind = data.draw(st.sampled_from(["mean", "min", "max", "vote"]))
     values = data.draw(st.lists(st.floats(width=32), min_size=world, max_size=world))
     assume(all(math.isfinite(v) for v in values) or kind != "mean")

@@ -47,8 +47,7 @@ def test_metric_logged_on_rank_zero_only_is_one_error_on_every_rank(
     starts = pool.starts
     options = {"checkpoint": CKPT} if callback == "checkpoint" else {"early_stopping": STOPPING}
     strategy = {"checkpoint_policy": policy, "early_stopping_policy": policy}
-    started = time.monotonic()
-    with pytest.raises(RankFailure) as raised:
+    with pytest.raises(RankFailure) as raised:  # a hang would be a RankTimeout at the deadline, not a RankFailure
         pool.run(
             "tests.helpers.decision_scenarios:fit",
             (str(tmp_path), strategy, TABLE_3),
@@ -56,7 +55,6 @@ def test_metric_logged_on_rank_zero_only_is_one_error_on_every_rank(
             timeout=60,
             **options,
         )
-    elapsed = time.monotonic() - started
     option = "checkpoint_policy" if callback == "checkpoint" else "early_stopping_policy"
     same_error_everywhere(
         raised.value,
@@ -68,7 +66,6 @@ def test_metric_logged_on_rank_zero_only_is_one_error_on_every_rank(
         f"Under {option}='{policy}' every rank decides with its own value",
         f"use {option}='rank_zero': rank 0's value then decides for every rank",
     )
-    assert elapsed < 20, f"took {elapsed:.1f}s"
     # the same process group carries on: every rank left the failed decision at the same point
     assert_group_in_step(pool)
     assert pool.starts == starts
@@ -222,8 +219,8 @@ def test_pool_reports_a_hang_by_its_deadline(rank_pools: Any) -> None:
     pool = rank_pools(2)
     started = time.monotonic()
     with pytest.raises(RankTimeout, match=r"rank\(s\) \[0, 1\] did not answer within 3s"):
-        pool.run("time:sleep", (30,), timeout=3)
-    assert time.monotonic() - started < 15
+        pool.run("time:sleep", (600,), timeout=3)
+    assert time.monotonic() - started < 300  # by its deadline, not when the ranks' 10-minute sleep ends
 
 
 @pytest.mark.both_packages
@@ -231,8 +228,7 @@ def test_step_based_checkpoint_with_metric_on_rank_zero_only_is_one_error_on_eve
     rank_pools: Any, tmp_path: Any
 ) -> None:
     """Lightning defers a due step-based save on each rank that lacks the metric, alone: a deadlock in stock."""
-    started = time.monotonic()
-    with pytest.raises(RankFailure) as raised:
+    with pytest.raises(RankFailure) as raised:  # a hang would be a RankTimeout at the deadline, not a RankFailure
         rank_pools(2).run(
             "tests.helpers.decision_scenarios:fit",
             (str(tmp_path), {}, []),
@@ -243,4 +239,3 @@ def test_step_based_checkpoint_with_metric_on_rank_zero_only_is_one_error_on_eve
             timeout=60,
         )
     same_error_everywhere(raised.value, 2, "MonitorMissingError", "'train_metric'", "missing on rank(s) [1]")
-    assert time.monotonic() - started < 20

@@ -3,12 +3,13 @@
 The expected outcome of every script is worked out here from the script alone, without lightning_ext: uneven batch
 counts end in ``UnevenBatchesError`` naming the loader and each rank's count; synced logging that some ranks skip
 ends in ``DivergentLoggingError`` naming the first skipped key(s) and exactly which ranks did and did not sync them;
-a script without divergence produces the same files, steps and metrics as the same run with the checks off.
+a script without divergence produces the same files, steps and metrics as the same run under stock ``DDPStrategy``.
 """
 
 from __future__ import annotations
 
 import math
+import re
 import uuid
 from pathlib import Path
 from typing import Any
@@ -17,10 +18,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.helpers import search
 from tests.helpers.hang_tasks import HOOKS
 
 WORLDS = (1, 2, 3, 4)
-_SCALE = settings().max_examples / 100  # 1 under the ci profile, 15 under thorough, 0.3 under quick
 
 
 def run(rank_pools: Any, world: int, log_dir: Path, script: dict[str, Any], **options: Any) -> list[dict[str, Any]]:
@@ -46,7 +47,10 @@ def first_divergence(script: dict[str, Any], world: int) -> tuple[str, list[str]
     step_values = [e for e in logs if e["hook"] == "validation_step" and e["phase"] == "step"]
     if step_values:  # synced at every validation batch, in the order logged: the first skipped one is met first
         return "DivergentLoggingError", [step_values[0]["name"]], ranks(step_values[0])
-    for round_hooks in (("validation_step", "on_validation_epoch_end"), ("training_step", "on_train_epoch_end")):
+    # Lightning syncs the validation_step epoch values when the loader is done (_store_dataloader_outputs), before
+    # on_validation_epoch_end, whose values sync in a round of their own; training syncs its epoch values once
+    rounds = (("validation_step",), ("on_validation_epoch_end",), ("training_step", "on_train_epoch_end"))
+    for round_hooks in rounds:
         skipped = [entry for entry in logs if entry["hook"] in round_hooks]  # the first epoch-end round that differs
         if skipped:
             return "DivergentLoggingError", [entry["name"] for entry in skipped], ranks(skipped[0])
@@ -79,8 +83,9 @@ def check_outcome(script: dict[str, Any], world: int, checked: list[dict[str, An
     if expected is None:
         assert [o["error"] for o in checked] == [None] * world, [o["message"] for o in checked]
         baseline: list[dict[str, Any]] = reference()
-        for mine, theirs in zip(checked, baseline):  # the checks change nothing: files, steps, metrics
-            assert mine["files"] == theirs["files"]
+        for mine, theirs in zip(checked, baseline):  # as stock DDPStrategy: files, steps, metrics
+            # every file stock writes, byte for byte (ours also writes each rank's own file)
+            assert {name: mine["files"][name] for name in theirs["files"]} == theirs["files"]
             assert (mine["global_step"], mine["epochs"]) == (theirs["global_step"], theirs["epochs"])
             assert _same(mine["callback_metrics"], theirs["callback_metrics"])
         return
@@ -88,17 +93,50 @@ def check_outcome(script: dict[str, Any], world: int, checked: list[dict[str, An
     assert {o["error"] for o in checked} == {error}, [o["message"] for o in checked]
     assert len({o["message"] for o in checked}) == 1, "the ranks raised different messages"
     message = checked[0]["message"]
-    if error == "UnevenBatchesError":
+    first = message.splitlines()[0]
+    if error == "UnevenBatchesError":  # the first line names the loader; a line per group of ranks, each one's count
         stage = culprits[0].split()[0]
-        counts = script[f"{stage}_batches"]
-        assert culprits[0] in message
-        for rank, count in enumerate(counts):
-            assert f"rank {rank}: {count}" in message, message
+        assert first.startswith("Uneven data") and culprits[0] in first, message
+        named = ranks_in_lines(message)
+        for rank, count in enumerate(script[f"{stage}_batches"]):
+            assert named[rank].startswith(culprits[0]), message
+            assert named[rank].endswith(f": {count} batch{'' if count == 1 else 'es'}"), message
         return
-    lacking = [rank for rank in range(world) if rank not in having]
     for name in culprits:
         assert f"{name!r}" in message, message
-    assert f"is synced on rank(s) {having} but not on rank(s) {lacking}" in message, message
+    # the first line names a key that not every rank syncs, and the ranks that sync it (alone, or beside others'
+    # keys when the other ranks sync another key at the same time)
+    keys = "|".join(re.escape(repr(name)) for name in culprits)
+    having_text = re.escape(ranks_named(having))
+    alone = rf"self\.log\(({keys}), sync_dist=True\).* synced on {having_text} only;"
+    beside = rf"{having_text} syncs? ({keys})"
+    assert re.search(alone, first) or re.search(beside, first), message
+
+
+def ranks_named(ranks: list[int]) -> str:
+    """How the messages name a few ranks: ``rank 2``, ``ranks 0-1, 3`` (runs of consecutive ranks as ranges)."""
+    runs: list[list[int]] = []
+    for rank in sorted(ranks):
+        if runs and rank == runs[-1][-1] + 1:
+            runs[-1].append(rank)
+        else:
+            runs.append([rank])
+    text = ", ".join(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}" for run in runs)
+    return ("rank " if len(ranks) == 1 else "ranks ") + text
+
+
+def ranks_in_lines(message: str) -> dict[int, str]:
+    """Each rank's detail line (``  ranks 0-1, 3: <text>``), read back: rank -> text."""
+    named = {}
+    for line in message.splitlines()[1:]:
+        found = re.match(r"  ranks? ([0-9, -]+): (.*)$", line)
+        if found is None:
+            continue
+        for part in found[1].split(", "):
+            low, _, high = part.partition("-")
+            for rank in range(int(low), int(high or low) + 1):
+                named[rank] = found[2]
+    return named
 
 
 def _same(mine: dict[str, float], theirs: dict[str, float]) -> bool:
@@ -111,14 +149,14 @@ def _same(mine: dict[str, float], theirs: dict[str, float]) -> bool:
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("world", [pytest.param(w, marks=pytest.mark.both_packages) if w == 2 else w for w in WORLDS])
 def test_property_random_scripts_fail_by_name_or_change_nothing(rank_pools: Any, tmp_path: Path, world: int) -> None:
-    examples = max(1, round({1: 3, 2: 10, 3: 6, 4: 3}[world] * _SCALE))
+    examples = search.examples(search.PER_SUITE_FIT)
 
     @settings(max_examples=examples)
     @given(script=scripts(world))
     def check(script: dict[str, Any]) -> None:
         root = tmp_path / f"example{len(list(tmp_path.iterdir()))}"
         checked = run(rank_pools, world, root / "checked", script)
-        check_outcome(script, world, checked, lambda: run(rank_pools, world, root / "off", script, hang_checks=False))
+        check_outcome(script, world, checked, lambda: run(rank_pools, world, root / "stock", script, stock=True))
 
     check()
 
@@ -167,7 +205,9 @@ def test_stream_that_runs_out_on_one_rank_is_an_error_naming_it(rank_pools: Any,
     script = {"train_batches": [[3], [5]], "val_batches": [2, 2], "logs": []}
     outcomes = run(rank_pools, 2, tmp_path, script, check_unsized_loaders=True)
     assert {o["error"] for o in outcomes} == {"UnevenBatchesError"}
-    assert "ran out on rank(s) [0] while rank(s) [1] have more batches" in outcomes[0]["message"]
+    assert outcomes[0]["message"].splitlines()[0] == (
+        "Uneven data: the train dataloader (no length) ran out after 3 batch(es) on rank 0 while rank 1 had more."
+    )
 
 
 # ---- the check itself: one verdict, the same on every rank ---------------------------------------------------------
@@ -179,7 +219,7 @@ def test_property_a_check_agrees_exactly_when_every_rank_brings_the_same(rank_po
     namespace = f"lockstep-test/{uuid.uuid4().hex}/"
     pool = rank_pools(world)
 
-    @settings(max_examples=max(1, round({2: 15, 3: 10, 4: 6}[world] * _SCALE)))
+    @settings(max_examples=search.examples(search.PER_SUITE_CHEAP))
     @given(calls=st.lists(st.lists(identity, min_size=world, max_size=world), min_size=1, max_size=4))
     def check(calls: list[list[list[Any]]]) -> None:
         per_rank = [(namespace, [call[rank] for call in calls]) for rank in range(world)]
@@ -246,4 +286,6 @@ def test_a_second_run_in_a_process_opens_no_new_store_connection(rank_pools: Any
     reverse lookup of the server's address, which a slow resolver holds for seconds)."""
     ports = rank_pools(2).run("tests.helpers.hang_tasks:store_connections_across_fits", (str(tmp_path), 2))
     for after_first, after_second in ports:
-        assert after_second == after_first and len(after_first) >= 3, ports
+        # no connection after the second fit that was not there after the first (some of the first's may close late)
+        assert set(after_second) <= set(after_first), ports
+        assert len(after_second) >= 3, ports  # the run's three connections, kept for the next one

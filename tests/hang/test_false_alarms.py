@@ -16,11 +16,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.helpers import search
 from tests.helpers.slow_rank_tasks import BATCHES, PHASES
 
 FAST_WAITS = (0.2, 0.1)  # first look, between looks (seconds), in the pool
 SLOW = 0.8  # seconds: several looks long
-_SCALE = settings().max_examples / 100
 
 
 def fit(
@@ -102,7 +102,7 @@ def delay_plans(draw: st.DrawFn, world: int) -> dict[str, Any]:
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
 def test_property_random_delays_never_change_the_outcome(rank_pools: Any, tmp_path: Path, world: int) -> None:
-    examples = max(1, round({1: 2, 2: 6, 3: 4, 4: 3}[world] * _SCALE))
+    examples = search.examples(search.PER_SUITE_FIT)
 
     @settings(max_examples=examples)
     @given(plan=delay_plans(world))

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from lightning_ext import PolicyDDPStrategy, Quorum
 from lightning_ext._hang.stop import _other_handlers, resolve_preemption_policy
+from tests.helpers import search
 from tests.helpers.pool import RankPool
 from tests.helpers.preemption_tasks import EPOCHS, PHASES, TRAIN_BATCHES, mark, rank_rows
 
@@ -82,9 +83,9 @@ def _check_resumed(references: _References, pool: RankPool, root: Path, accumula
 
 @pytest.mark.slow
 @pytest.mark.timeout(400)
-@settings(max_examples=5)
+@pytest.mark.parametrize("world_size", [2, 3])
+@settings(max_examples=search.examples(search.PER_SUITE_FIT))
 @given(
-    world_size=st.sampled_from([2, 3]),
     accumulate=st.sampled_from([1, 2]),
     every_rank=st.booleans(),
     culprit=st.integers(0, 2),
@@ -203,12 +204,13 @@ def test_a_signal_that_did_not_stop_the_run_is_not_named_as_a_later_errors_cause
 
 @pytest.mark.slow
 @pytest.mark.timeout(200)
-def test_the_armed_stop_makes_exactly_stocks_broadcasts(rank_pools: Any, tmp_path: Path) -> None:
-    """The stop rides on Lightning's per-step broadcast: no broadcast added, none removed."""
+def test_the_armed_stop_makes_none_of_stocks_per_step_broadcasts(rank_pools: Any, tmp_path: Path) -> None:
+    """Stock broadcasts rank 0's SIGTERM flag before every training batch; the armed stop makes no broadcast per step
+    (the other broadcasts of a fit, Lightning's set-up and checkpoints, are stock's)."""
     pool = rank_pools(2)
     stock = pool.run(f"{TASKS}:broadcasts_per_fit", (str(tmp_path / "stock"), True), timeout=120)
     armed = pool.run(f"{TASKS}:broadcasts_per_fit", (str(tmp_path / "ours"), False), timeout=120)
-    assert armed == stock and stock[0] >= BATCHES, (stock, armed)
+    assert stock[0] - armed[0] == BATCHES and armed[0] == armed[1], (stock, armed)
 
 
 @pytest.mark.slow

@@ -6,6 +6,8 @@ Facts are written by hand here, as the ranks would report them; the expectations
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -13,17 +15,24 @@ from hypothesis import strategies as st
 from lightning_ext import errors
 from lightning_ext._collective import exchange_partners
 from lightning_ext._hang.facts import Call, Facts
-from lightning_ext._hang.lockstep import Point
 from lightning_ext._hang.messages import describe_deadlock, describe_divergence
+from lightning_ext._hang.points import Point
 from lightning_ext._hang.progress import Progress
 from lightning_ext._hang.verdict import blocked_by, deadlock
 
-ENTRY = {"name": "x", "fx": "training_step", "dataloader": None, "reduce": "mean", "site": "training_step, m.py:9"}
-LOG = Point("log", ("log", "step", "training_step", "x", None, 0), "self.log('x', sync_dist=True) (step value)", ENTRY)
+CALL = "self.log('x', sync_dist=True)"
+ENTRY = {"name": "x", "fx": "training_step", "dataloader": None, "reduce": "mean", "site": "/p/m.py:9 in training_step"}
+ENTRY["call"] = CALL
+LOG = Point("log", ("log", "step", "training_step", "x", None, 0), f"{CALL} (step value)", ENTRY, call=CALL)
+LOG = dataclasses.replace(LOG, site=ENTRY["site"])
 
 
-def waiting(rank: int = 0, counts: int = 10, backwards: int = 3, **more: object) -> Facts:
-    return Facts(rank, check=(5, LOG.where), counts={"world": counts}, backwards=backwards, **more)  # type: ignore[arg-type]
+def waiting(rank: int = 0, counts: int = 10, backwards: int = 3, batches: int = 5, **more: object) -> Facts:
+    return Facts(rank, check=(5, LOG.where), counts={"world": counts}, backwards=backwards, batches=batches, **more)  # type: ignore[arg-type]
+
+
+def first_line(error: BaseException) -> str:
+    return str(error).splitlines()[0]
 
 
 # ---- the deadlock rule -----------------------------------------------------------------------------------------------
@@ -59,35 +68,64 @@ def test_without_waiting_ranks_nothing_is_proven() -> None:
     assert blocked_by([], Facts(1, backward=9)) is None
 
 
-# ---- the cause each message names ------------------------------------------------------------------------------------
+# ---- the cause each message names: its first line ------------------------------------------------------------------
 def test_a_signal_is_named_first() -> None:
     error = describe_deadlock(LOG, [waiting()], [Facts(1, backward=4, signal="SIGTERM in training of epoch 0")])
     assert isinstance(error, errors.RankSignalledError)
-    assert "Rank 1 received SIGTERM in training of epoch 0" in str(error)
+    assert first_line(error).startswith("Rank 1 received SIGTERM in training of epoch 0, and the other ranks did not")
 
 
 def test_a_stream_that_ran_out_on_one_rank_is_uneven_data() -> None:
     done = Progress("validate", 0, train_batches=4, train_done=True)  # validating at the end of its epoch
-    going = Progress("train", 0, train_batches=4, train_done=False)
-    call = Call("world", 17, "torch.distributed.broadcast", "job.py:1 in main")
+    going = Progress("train", 0, train_batches=4, train_done=False)  # Lightning fetched its 5th batch already
+    call = Call("world", 17, "torch.distributed.broadcast", "job.py:1 in main", lightning=True)
     error = describe_deadlock(LOG, [waiting(progress=done)], [Facts(1, inside=call, progress=going)])
     assert isinstance(error, errors.UnevenBatchesError)
-    assert "train dataloader ran out on rank(s) [0]" in str(error) and "rank 1: 4 and more to come" in str(error)
+    assert first_line(error) == (
+        "Uneven data in epoch 0: the train dataloader ran out after 4 batch(es) on rank 0 while rank 1 had more."
+        " Fix: as many batches on every rank."
+    )
+    assert "  rank 1: 4 training batch(es) so far, and more to come" in str(error)
+
+
+def test_a_stream_one_batch_short_names_the_short_rank_not_the_one_behind_in_time() -> None:
+    """Issue 29's case: rank 3 of 4 yields one batch fewer; rank 1 is only slower (4 so far, its 5th fetched)."""
+    ended = {0: 5, 2: 5, 3: 4}
+    progress = [
+        Progress("validate", 0, train_batches=ended[rank], train_done=True)
+        if rank in ended
+        else Progress("train", 0, train_batches=4)
+        for rank in range(4)
+    ]
+    points = [dataclasses.replace(LOG, facts=Facts(rank, progress=progress[rank])) for rank in range(4)]
+    error = describe_divergence(points)
+    assert isinstance(error, errors.UnevenBatchesError)
+    assert first_line(error).startswith(
+        "Uneven data in epoch 0: the train dataloader ran out after 4 batch(es) on rank 3 but after 5 on ranks 0, 2."
+    )
 
 
 @pytest.mark.parametrize(
-    "elsewhere",
-    [Progress("sanity_check", 0, eval_batches=(1,)), Progress("validate", 0, train_batches=4, eval_batches=(2,))],
+    ("elsewhere", "batches"),
+    [
+        (Progress("sanity_check", 0, eval_batches=(1,), hook="validation_step"), 1),
+        (Progress("validate", 0, train_batches=4, eval_batches=(2,), hook="validation_step"), 6),
+    ],
     ids=["in the sanity check", "in a validation in the middle of the epoch"],
 )
-def test_a_rank_that_is_elsewhere_with_data_left_is_not_uneven_data(elsewhere: Progress) -> None:
+def test_a_rank_that_is_elsewhere_with_data_left_is_not_uneven_data(elsewhere: Progress, batches: int) -> None:
     """A rank blocked in a rank-guarded broadcast in validation_step while another went on into training: the
     broadcast is named, not the training data (whose loader has not run out on any rank)."""
-    going = Progress("train", 0, train_batches=4)
-    call = Call("world", 3, "torch.distributed.broadcast (via Trainer.log_dir)", "job.py:36 in validation_step")
-    error = describe_deadlock(LOG, [Facts(1, progress=going)], [Facts(0, inside=call, progress=elsewhere)])
+    going = Progress("train", 0, train_batches=5, hook="training_step")
+    call = Call("world", 3, "torch.distributed.broadcast (via Trainer.log_dir)", "/p/job.py:36 in validation_step")
+    blocked = Facts(0, inside=call, progress=elsewhere, batches=batches)
+    error = describe_deadlock(LOG, [Facts(1, progress=going, batches=batches + 4)], [blocked])
     assert isinstance(error, errors.DivergentCollectiveError), error
-    assert "rank 0 is blocked in torch.distributed.broadcast (via Trainer.log_dir) called from job.py:36" in str(error)
+    sanity = "sanity check, " if elsewhere.stage == "sanity_check" else ""
+    assert first_line(error) == (
+        f"torch.distributed.broadcast (via Trainer.log_dir) in validation_step ({sanity}job.py:36) ran on rank 0"
+        " only; rank 1 went on. Fix: call it on every rank."
+    )
 
 
 def test_equal_progress_is_not_uneven_data() -> None:
@@ -98,43 +136,63 @@ def test_equal_progress_is_not_uneven_data() -> None:
 
 
 def test_a_rank_blocked_in_a_collective_call_names_that_call_and_its_line() -> None:
-    call = Call(
-        "world", 11, "torch.distributed.all_gather (via LightningModule.all_gather)", "m.py:40 in validation_step"
-    )
-    error = describe_deadlock(LOG, [waiting()], [Facts(1, inside=call)])
+    """Rank 1 is blocked in an all_gather at batch 5; rank 0 went past it, to a synced log at batch 6."""
+    name = "torch.distributed.all_gather (via LightningModule.all_gather)"
+    call = Call("world", 11, name, "/p/m.py:40 in validation_step")
+    blocked = Facts(1, inside=call, batches=5, progress=Progress("validate", 0, hook="validation_step"))
+    error = describe_deadlock(LOG, [waiting(batches=6)], [blocked])
     assert isinstance(error, errors.DivergentCollectiveError)
-    assert (
-        "rank 1 is blocked in torch.distributed.all_gather (via LightningModule.all_gather) called from m.py:40"
-        in str(error)
+    assert first_line(error).startswith(f"{name} in validation_step (m.py:40) ran on rank 1 only; rank 0 went on")
+    assert f"  rank 1: blocked in {name} called from /p/m.py:40 in validation_step (its call #11 on the default" in str(
+        error
     )
 
 
 def test_a_rank_in_backward_blames_the_waiting_ranks_extra_log() -> None:
-    error = describe_deadlock(LOG, [waiting()], [Facts(1, backward=4)])
+    error = describe_deadlock(LOG, [waiting()], [Facts(1, backward=4, batches=5)])
     assert isinstance(error, errors.DivergentLoggingError)
-    assert "which rank(s) [1] never reached" in str(error)
+    assert first_line(error) == (
+        "self.log('x', sync_dist=True) in training_step (m.py:9) synced on rank 0 only; rank 1 went on."
+        " Fix: log it on every rank, or with rank_zero_only=True."
+    )
+
+
+def test_a_lightning_call_that_every_rank_makes_is_never_the_culprit() -> None:
+    """Rank 1 went on to the next batch, into Lightning's per-step broadcast; rank 0 logs in on_train_batch_end."""
+    flow = Call("world", 9, "torch.distributed.broadcast (via _TrainingEpochLoop.advance, in Trainer.fit)", "j.py:3")
+    logged = dataclasses.replace(LOG, detail={**ENTRY, "fx": "on_train_batch_end"})
+    error = describe_deadlock(logged, [waiting()], [Facts(1, inside=dataclasses.replace(flow, lightning=True))])
+    assert isinstance(error, errors.DivergentLoggingError)
+    assert first_line(error).startswith("self.log('x', sync_dist=True) in on_train_batch_end (m.py:9) synced on rank 0")
 
 
 def test_ranks_at_the_same_point_with_different_collective_calls_name_the_extra_call() -> None:
-    extra = Call("world", 8, "torch.distributed.broadcast", "handler.py:5 in on_term")
+    extra = Call("world", 8, "torch.distributed.broadcast", "/p/handler.py:5 in on_term")
     points = [
-        Point("log", LOG.identity, LOG.where, LOG.detail, facts=Facts(0, counts={"world": 7})),
-        Point("log", LOG.identity, LOG.where, LOG.detail, facts=Facts(1, counts={"world": 8}, recent=(extra,))),
+        dataclasses.replace(LOG, facts=Facts(0, counts={"world": 7})),
+        dataclasses.replace(LOG, facts=Facts(1, counts={"world": 8}, recent=(extra,))),
     ]
     error = describe_divergence(points)
     assert isinstance(error, errors.DivergentCollectiveError)
-    assert "rank 1 called torch.distributed.broadcast from handler.py:5 in on_term" in str(error)
+    assert first_line(error).startswith(
+        "torch.distributed.broadcast (handler.py:5) ran on rank 1 only; rank 0 went on."
+    )
 
 
 def test_a_torchmetrics_metric_gets_advice_that_works() -> None:
-    entries = {"name": "acc", "fx": "validation_step", "dataloader": None, "reduce": "metric", "site": "v, m.py:2"}
+    entry = {"name": "acc", "fx": "validation_step", "dataloader": None, "reduce": "metric", "site": "/p/m.py:2 in v"}
+    entry["call"] = "self.log('acc', <metric>)"
     points = [
-        Point("epoch_logs", ("epoch_logs", ("a",)), "round", [entries]),
-        Point("epoch_logs", ("epoch_logs", ()), "round", []),
+        Point("epoch_logs", ("epoch_logs", ("a",)), "round", [entry], facts=Facts(0, batches=3)),
+        Point("epoch_logs", ("epoch_logs", ()), "round", [], facts=Facts(1, batches=3)),
     ]
-    message = str(describe_divergence(points))
-    assert "every rank must update and log the metric object" in message
-    assert "rank_zero_only=True` does not stop a metric object from syncing" in message
+    error = describe_divergence(points)
+    assert isinstance(error, errors.DivergentLoggingError)
+    assert first_line(error) == (
+        "self.log('acc', <metric>) in validation_step (m.py:2) synced on rank 0 only; rank 1 did not sync it."
+        " Fix: update and log the metric on every rank."
+    )
+    assert "rank_zero_only=True` does not stop a metric object from syncing" in str(error)
 
 
 # ---- the exchange's rounds -------------------------------------------------------------------------------------------

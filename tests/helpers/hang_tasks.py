@@ -126,7 +126,8 @@ def lockstep_verdicts(namespace: str, identities: list[Any]) -> list[Any]:
 
     from lightning_ext._collective import CheckChannel
     from lightning_ext._hang.facts import Recorder
-    from lightning_ext._hang.lockstep import Lockstep, Point
+    from lightning_ext._hang.lockstep import Lockstep
+    from lightning_ext._hang.points import Point
     from lightning_ext._hang.watchdog import Watchdog
 
     lockstep = _LOCKSTEPS.get(namespace)

@@ -8,6 +8,7 @@ starts the other ranks as children of rank 0). A job that hangs is exactly what 
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -44,6 +45,26 @@ def free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
+
+
+def server_ports(count: int) -> list[int]:
+    """``count`` ports free now, below the range the system hands out to outgoing connections: a job that opens a
+    server on each in turn, over minutes, does not find one taken by a connection (as a ``free_port()`` can be)."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    ports: list[int] = []
+    for port in random.sample(range(max(1024, low - 10000), low), min(10000, low - 1024)):
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        ports.append(port)
+        if len(ports) == count:
+            return ports
+    raise RuntimeError(f"fewer than {count} free ports below {low}")
 
 
 def clean_env(**extra: str) -> dict[str, str]:

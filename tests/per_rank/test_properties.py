@@ -7,8 +7,8 @@ reference local reduction of that rank's values (read from the file itself, so a
 missing cell); rank 0's synced ``metrics.csv`` must equal the reference global reduction (which judges the reference
 against stock Lightning); and the reader must return exactly what is in the files.
 
-Each example is a real ``Trainer.fit``; more ranks than cores makes it slower, so the budget per world size is small
-at 4 ranks and larger at 2 (``EXAMPLES``, scaled by the Hypothesis profile).
+Each example is a real ``Trainer.fit``: each world size runs :data:`tests.helpers.search.PER_SUITE_FIT` examples
+(scaled by the Hypothesis profile).
 """
 
 from __future__ import annotations
@@ -24,12 +24,11 @@ from hypothesis import strategies as st
 
 from lightning_ext import read_rank_metrics
 from tests.helpers.metrics_reference import comparable, expected_cells, file_cells, forked
+from tests.helpers.search import PER_SUITE_FIT, examples
 
 pytestmark = pytest.mark.slow
 DYADIC = st.integers(-32, 32).map(lambda n: n / 4)
 VALUES = st.one_of(DYADIC, DYADIC, DYADIC, st.sampled_from([math.nan, math.inf, -math.inf]))
-_SCALE = settings().max_examples / 100  # 1 under the ci profile, 15 under thorough
-EXAMPLES = {1: 6, 2: 16, 3: 8, 4: 5}  # per world size, under the ci profile
 
 
 def _entry(draw: st.DrawFn, name: str, world: int, epochs: int, batches: int, stage: str) -> dict[str, Any]:
@@ -105,11 +104,11 @@ def _check_run(rank_pools: Any, root: Path, world: int, case: Any) -> None:
         pd.testing.assert_frame_equal(mine[sorted(raw.columns)], raw[sorted(raw.columns)], check_dtype=False)
 
 
-@pytest.mark.parametrize("world", sorted(EXAMPLES))
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
 def test_property_per_rank_files_hold_each_rank_s_local_reductions(
     rank_pools: Any, tmp_path_factory: Any, world: int
 ) -> None:
-    @settings(max_examples=max(1, round(EXAMPLES[world] * _SCALE)))
+    @settings(max_examples=examples(PER_SUITE_FIT))
     @given(scripts(world))
     def run(case: Any) -> None:
         _check_run(rank_pools, tmp_path_factory.mktemp(f"w{world}_"), world, case)

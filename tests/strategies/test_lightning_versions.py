@@ -230,6 +230,10 @@ def test_pyproject_and_the_series_cover_exactly_the_verified_releases() -> None:
         assert not spec.specifier.contains("2.4.0") and not spec.specifier.contains("2.7.0")
     series = sorted(path.name for path in (REPO / "patches").glob("lightning-*") if path.is_dir())
     assert series == [f"lightning-{version}" for version in VERIFIED]
-    for version in VERIFIED:
-        names = sorted(path.name for path in (REPO / "patches" / f"lightning-{version}").glob("*.patch"))
-        assert [name[:4] for name in names] == ["0001", "0002", "0003", "0004", "0005"], version
+    numbered = {
+        version: [path.name[:4] for path in sorted((REPO / "patches" / f"lightning-{version}").glob("*.patch"))]
+        for version in VERIFIED
+    }
+    for version, numbers in numbered.items():  # one series, numbered from 0001 without a gap, for every release
+        assert numbers == [f"{n:04d}" for n in range(1, len(numbers) + 1)] == numbered[VERIFIED[0]], version
+    assert len(numbered[VERIFIED[0]]) == 6

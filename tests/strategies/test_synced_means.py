@@ -14,7 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-_SCALE = settings().max_examples / 100
+from tests.helpers.search import PER_SUITE_FIT, examples
+
 SPECIAL = st.sampled_from([math.nan, math.inf, -math.inf])
 
 
@@ -45,7 +46,7 @@ def logs(draw: st.DrawFn, world: int) -> tuple[list[list[float]], list[list[int]
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
 def test_property_a_synced_epoch_mean_is_the_weighted_mean_of_every_rank(rank_pools: Any, world: int) -> None:
-    @settings(max_examples=max(1, round({1: 2, 2: 6, 3: 4, 4: 3}[world] * _SCALE)))
+    @settings(max_examples=examples(PER_SUITE_FIT))
     @given(case=logs(world))
     def check(case: tuple[list[list[float]], list[list[int]]]) -> None:
         values, sizes = case

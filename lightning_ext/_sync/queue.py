@@ -1,0 +1,152 @@
+"""``SyncQueue``: a rank's synced logged values, synced together at points every rank reaches (docs/synced-logging.md).
+
+A step value is held until the hook that logged it returns, an epoch round's values until the round starts; then one
+all-reduce per reduce op and dtype syncs them, through Lightning's own ``strategy.reduce``, after the group's check.
+"""
+
+import math
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from lightning_ext._collective import exact_mean_input
+
+__all__ = ["Held", "SyncQueue", "pack_key"]
+
+Reduce = Callable[[Tensor, str], Tensor]
+
+
+@dataclass(frozen=True)
+class Held:
+    """One value waiting for its sync.
+
+    Attributes:
+        metric: the ``_ResultMetric`` it belongs to (its ``meta`` says the key, the hook, the reduce op).
+        tensor: what Lightning's ``meta.sync`` was given: synced in place, as Lightning's own sync does.
+        reduce_op: the op Lightning asked for (``"mean"``, ``"sum"``, ``"max"``, ``"min"``).
+
+    """
+
+    metric: Any
+    tensor: Tensor
+    reduce_op: str
+
+
+def pack_key(held: Held) -> tuple[str, torch.dtype, torch.device]:
+    """What values share one all-reduce: the same reduce op, dtype and device."""
+    return held.reduce_op, held.tensor.dtype, held.tensor.device
+
+
+class SyncQueue:
+    """The synced logged values of one rank in one run.
+
+    Args:
+        reduce: Lightning's ``strategy.reduce`` of the world group, without its barrier (``(tensor, reduce_op)``).
+        before_pack: called on every rank with the result metrics of the values about to sync and the phase, before
+            any collective: the hang check of the group (it raises if the ranks differ).
+
+    """
+
+    def __init__(self, reduce: Reduce, before_pack: Callable[[list[Any], str], None]) -> None:
+        self._reduce = reduce
+        self._before_pack = before_pack
+        self.held: list[Held] = []
+        self._metric: Any = None  # the result metric whose value Lightning syncs now, and in which phase
+        self._phase = ""
+        self._synced: dict[int, list[Tensor]] = {}  # an epoch round's results, by id(result metric), in call order
+
+    @contextmanager
+    def logging(self, metric: Any, phase: str) -> Iterator[None]:
+        """Within the block, Lightning syncs ``metric``'s ``"step"`` value (in ``forward``) or ``"epoch"`` value."""
+        previous = self._metric, self._phase
+        self._metric, self._phase = metric, phase
+        try:
+            yield
+        finally:
+            self._metric, self._phase = previous
+
+    def take(self, tensor: Any, reduce_op: Any) -> Tensor | None:
+        """Lightning's ``strategy.reduce`` of a logged value: its result, or ``None`` when it syncs as stock does.
+
+        A step value is held and returned as it is (this rank's value until the hook ends, then synced in place); an
+        epoch value of a round returns the result synced with the round.
+        """
+        metric = self._metric
+        if metric is None or not isinstance(tensor, Tensor) or not isinstance(reduce_op, str):
+            return None
+        if self._phase == "step":
+            self.held.append(Held(metric, tensor, reduce_op))
+            return tensor
+        results = self._synced.get(id(metric))
+        return results.pop(0) if results else None
+
+    def flush(self) -> None:
+        """Sync the held step values (every rank calls this at the same hook ends)."""
+        if not self.held:
+            return
+        held, self.held = self.held, []
+        self._sync(held, "step")
+
+    @contextmanager
+    def epoch_round(self, metrics: Sequence[Any]) -> Iterator[None]:
+        """Sync the epoch values of ``metrics`` (a round, in Lightning's order) together; Lightning's ``compute()``
+        of each then gets its results within the block."""
+        inputs = [held for metric in metrics for held in _sync_inputs(metric)]
+        if inputs:
+            self._sync(inputs, "epoch")
+            for held in inputs:
+                self._synced.setdefault(id(held.metric), []).append(held.tensor)
+        try:
+            yield
+        finally:
+            self._synced.clear()
+
+    def _sync(self, held: Sequence[Held], phase: str) -> None:
+        self._before_pack([one.metric for one in held], phase)
+        packs: dict[tuple[str, torch.dtype, torch.device], list[Held]] = {}
+        for one in held:
+            packs.setdefault(pack_key(one), []).append(one)
+        for (reduce_op, _, _), members in packs.items():
+            targets = [one.tensor for one in members]
+            packed = torch.cat([target.reshape(1) for target in targets])
+            if reduce_op in _EXTREMES:
+                packed = _extreme(packed, reduce_op, self._reduce)
+            else:
+                packed = self._reduce(packed, reduce_op)
+            results = [part.view(target.shape) for part, target in zip(packed, targets, strict=True)]
+            torch._foreach_copy_(targets, results)
+
+
+_EXTREMES = {"max": -math.inf, "min": math.inf}  # each extreme's neutral value
+
+
+def _extreme(values: Tensor, reduce_op: str, reduce: Reduce) -> Tensor:
+    """The max or min over the ranks, NaN where any rank's value is NaN (as ``torch.max``/``torch.min`` have it).
+
+    A backend's max or min keeps or drops a NaN depending on the rank it came from (gloo compares ``a < b``), so a
+    NaN travels as a flag beside the values, in the same all-reduce: 1 for max (its max is 1 if any rank has NaN),
+    -1 for min.
+    """
+    nan = torch.isnan(values)
+    flag = 1.0 if reduce_op == "max" else -1.0
+    sent = torch.cat([values.masked_fill(nan, _EXTREMES[reduce_op]), nan.to(values.dtype) * flag])
+    reduced = reduce(sent, reduce_op)
+    count = values.numel()
+    return reduced[:count].masked_fill(reduced[count:] != 0, math.nan)
+
+
+def _sync_inputs(metric: Any) -> list[Held]:
+    """What Lightning's ``compute()`` of a tensor metric syncs, in its order: the value, then a mean's batch count.
+
+    The same tensors as it passes to ``meta.sync``: a clone of the value, and the count as the float mean of the
+    integers that lightning-ext's ``strategy.reduce`` makes of it (an exact mean, see ``exact_mean_input``).
+    """
+    meta = metric.meta
+    inputs = [Held(metric, metric.value.clone(), meta.sync.op)]
+    if meta.is_mean_reduction:
+        inputs.append(Held(metric, exact_mean_input(metric.cumulated_batch_size, meta.sync.op), meta.sync.op))
+    return inputs

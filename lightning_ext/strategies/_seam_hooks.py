@@ -1,0 +1,54 @@
+"""What Lightning's seams call, patched or wrapped alike: the hang checks' hooks and the coalesced sync's, composed.
+
+A patched Lightning reaches this module through its ``_lightning_ext_hooks`` attributes (set by ``_runtime.install``);
+the runtime wrappers call it too. Each hook is a no-op while no lightning-ext strategy runs.
+"""
+
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
+from typing import Any
+
+from lightning_ext._hang import hooks as hang
+from lightning_ext._sync import hooks as sync
+
+__all__ = [
+    "after_eval_setup_data",
+    "after_fit_setup_data",
+    "batch_started",
+    "epoch_round",
+    "fetch",
+    "hook_ended",
+    "max_batches",
+    "syncing",
+]
+
+after_eval_setup_data = hang.after_eval_setup_data
+after_fit_setup_data = hang.after_fit_setup_data
+batch_started = hang.batch_started
+fetch = hang.fetch
+max_batches = hang.max_batches
+hook_ended = sync.hook_ended
+
+
+def syncing(result_metric: Any, phase: str) -> AbstractContextManager[None]:
+    """Around ``_ResultMetric.forward`` (``"step"``) or ``compute`` (``"epoch"``): the value that syncs inside."""
+    return _both(hang.syncing(result_metric, phase), sync.value_syncing(result_metric, phase))
+
+
+def epoch_round(results: Any, on_step: bool) -> AbstractContextManager[None]:
+    """Around ``_ResultCollection.metrics(on_step)``: the epoch round's keys checked, then its values synced."""
+    return _both(hang.epoch_round(results, on_step), sync.epoch_round(results, on_step))
+
+
+def _both(first: AbstractContextManager[None], second: AbstractContextManager[None]) -> AbstractContextManager[None]:
+    if first is hang.UNCHECKED:
+        return second
+    if second is sync.UNCOALESCED:
+        return first
+    return _nested(first, second)
+
+
+@contextmanager
+def _nested(first: AbstractContextManager[None], second: AbstractContextManager[None]) -> Iterator[None]:
+    with first, second:
+        yield

@@ -1,0 +1,253 @@
+"""Random logging programs run under stock ``DDPStrategy`` and under lightning-ext (in rank pools), for the coalesced
+sync's tests: what every rank and every file shows must be stock's.
+
+A *program* says, per hook, which keys are logged and how (reduce op, ``on_step``/``on_epoch``, dtype, progress bar),
+with every rank's value and batch size at each (epoch, batch). The hooks: the module's ``training_step`` and
+``on_train_batch_end``, a callback's ``on_train_batch_end``, and ``validation_step``. A second callback, first in the
+list, reads ``trainer.callback_metrics`` in ``on_train_batch_end`` (after the module logged in ``training_step``) and
+the test compares what it read, too.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+from typing import Any
+
+import lightning as L
+import torch
+import torch.distributed as dist
+from lightning.pytorch.loggers import CSVLogger
+from torch.utils.data import DataLoader, TensorDataset
+
+HOOKS = ("training_step", "on_train_batch_end", "callback_on_train_batch_end", "validation_step")
+_DTYPES = {"int": torch.int64, "float32": torch.float32, "float64": torch.float64}
+
+
+def log_keys(module: L.LightningModule, keys: list[dict[str, Any]], batch_idx: int) -> dict[str, float]:
+    """Log ``keys`` at this rank's (epoch, batch); returns what ``callback_metrics`` shows for each right after."""
+    rank, epoch = module.global_rank, module.current_epoch
+    seen = {}
+    for key in keys:
+        value = torch.tensor(key["values"][rank][epoch][batch_idx], dtype=_DTYPES[key["dtype"]])
+        options = {option: key[option] for option in ("reduce_fx", "on_step", "on_epoch", "prog_bar")}
+        if key["batch_sizes"] is not None:
+            options["batch_size"] = key["batch_sizes"][rank][epoch][batch_idx]
+        module.log(key["name"], value, sync_dist=True, **options)
+        if key["on_step"]:
+            seen[key["name"]] = _number(module.trainer.callback_metrics.get(key["name"] + "_step" * key["on_epoch"]))
+    return seen
+
+
+class ProgramModule(L.LightningModule):
+    """Logs what ``program`` says in each hook; keeps what a read right after its own ``self.log`` saw."""
+
+    def __init__(self, program: dict[str, Any]) -> None:
+        super().__init__()
+        self.program = program
+        self.layer = torch.nn.Linear(2, 1)
+        self.read_inside: list[dict[str, float]] = []
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        self.read_inside.append(log_keys(self, self.program["training_step"], batch_idx))
+        return self.layer(batch[0]).sum() * 0.0
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        log_keys(self, self.program["on_train_batch_end"], batch_idx)
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        log_keys(self, self.program["validation_step"], batch_idx)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.0)
+
+
+class LoggingCallback(L.Callback):
+    """Logs ``program["callback_on_train_batch_end"]`` through the module, from a callback."""
+
+    def __init__(self, program: dict[str, Any]) -> None:
+        self.program = program
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        log_keys(pl_module, self.program["callback_on_train_batch_end"], batch_idx)
+
+
+class ReadingCallback(L.Callback):
+    """Reads every ``callback_metrics`` value in ``on_train_batch_end``, before any other hook of that batch logs."""
+
+    def __init__(self) -> None:
+        self.reads: list[dict[str, float]] = []
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        self.reads.append({name: _number(value) for name, value in trainer.callback_metrics.items()})
+
+
+def _number(value: Any) -> float:
+    return math.nan if value is None else float(value)
+
+
+def fit(root: str, program: dict[str, Any], stock: bool, strategy_options: dict[str, Any] | None = None) -> dict:
+    """One fit on this pool's ranks; returns everything a user can see of the logged values on this rank."""
+    from lightning_ext import PolicyDDPStrategy
+
+    world = dist.get_world_size()
+    strategy: Any = "ddp" if stock else PolicyDDPStrategy(**(strategy_options or {}))
+    reading, module = ReadingCallback(), ProgramModule(program)
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=world,
+        strategy=strategy,
+        max_epochs=program["epochs"],
+        logger=CSVLogger(root, version=0),
+        log_every_n_steps=1,
+        callbacks=[reading, LoggingCallback(program)],
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        use_distributed_sampler=False,
+    )
+    batches = program["batches"]
+    train = DataLoader(TensorDataset(torch.zeros(batches, 2)), batch_size=1)
+    val = DataLoader(TensorDataset(torch.zeros(batches, 2)), batch_size=1) if program["validation_step"] else None
+    trainer.fit(module, train, val)
+    rows: list[dict[str, str]] = []
+    if trainer.is_global_zero:
+        with open(os.path.join(root, "lightning_logs", "version_0", "metrics.csv"), newline="") as file:
+            rows = list(csv.DictReader(file))
+    return {
+        "callback_metrics": {name: _number(value) for name, value in trainer.callback_metrics.items()},
+        "logged_metrics": {name: _number(value) for name, value in trainer.logged_metrics.items()},
+        "progress_bar_metrics": {name: float(value) for name, value in trainer.progress_bar_metrics.items()},
+        "callback_reads": reading.reads,
+        "read_inside": module.read_inside,
+        "csv": rows,
+    }
+
+
+class _SyncCounter:
+    """Counts the calls that make the host wait for a device (``aten._local_scalar_dense``: ``item``, ``tolist``, a
+    tensor's truth value) under a ``TorchDispatchMode``, from one ``on_train_batch_end`` to a later one."""
+
+    def __init__(self) -> None:
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        counter = self
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+                if func is torch.ops.aten._local_scalar_dense.default:
+                    counter.count += 1
+                return func(*args, **(kwargs or {}))
+
+        self.mode, self.count = Mode(), 0
+
+
+class CountingCallback(L.Callback):
+    """Counts the host-device synchronizations of every training step from batch ``first`` to batch ``last``."""
+
+    def __init__(self, first: int, last: int) -> None:
+        self.first, self.last, self.counter = first, last, _SyncCounter()
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if batch_idx == self.first:
+            self.counter.mode.__enter__()
+        elif batch_idx == self.last:
+            self.counter.mode.__exit__(None, None, None)
+
+
+class FiveValues(L.LightningModule):
+    """Logs five synced float32 step values in ``training_step``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(2, 1)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        loss = self.layer(batch[0]).pow(2).mean()
+        for index in range(5):
+            self.log(f"value_{index}", loss.detach() * (index + 1), sync_dist=True)
+        return loss
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+def host_syncs_per_step(stock: bool, strategy_options: dict[str, Any] | None = None) -> float:
+    """The host-device synchronizations per training step of a fit that logs five synced values per step."""
+    from lightning_ext import PolicyDDPStrategy
+
+    first, last = 2, 12
+    counting = CountingCallback(first, last)
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=dist.get_world_size(),
+        strategy="ddp" if stock else PolicyDDPStrategy(**(strategy_options or {})),
+        max_steps=last + 2,
+        logger=False,
+        callbacks=[counting],
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    # every rank's epoch outlasts the counted steps at any world size up to 4 (no epoch end's syncs among them)
+    trainer.fit(FiveValues(), DataLoader(TensorDataset(torch.randn(32 * dist.get_world_size(), 2)), batch_size=2))
+    return counting.counter.count / (last - first)
+
+
+class NValues(L.LightningModule):
+    """Logs ``count`` synced float32 step values (``mean``) in ``training_step``."""
+
+    def __init__(self, count: int) -> None:
+        super().__init__()
+        self.count = count
+        self.layer = torch.nn.Linear(2, 1)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        loss = self.layer(batch[0]).pow(2).mean()
+        for index in range(self.count):
+            self.log(f"value_{index}", loss.detach() * (index + 1), sync_dist=True)
+        return loss
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+class CollectiveCounter(L.Callback):
+    """Counts the ``torch.distributed`` calls of the training group and the checks, from one batch end to another."""
+
+    def __init__(self, first: int, last: int) -> None:
+        from benchmarks.helpers.collectives import count_collectives
+
+        self.first, self.last = first, last
+        self.counting = count_collectives()
+        self.counts: dict[str, int] = {}
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if batch_idx == self.first:
+            self.counts = self.counting.__enter__()
+        elif batch_idx == self.last:
+            self.counting.__exit__(None, None, None)
+
+
+def collectives_per_step(stock: bool, count: int, strategy_options: dict[str, Any] | None = None) -> dict[str, float]:
+    """Collective calls per training step, by name, of a fit that logs ``count`` synced values per step."""
+    from lightning_ext import PolicyDDPStrategy
+
+    first, last = 2, 12
+    counting = CollectiveCounter(first, last)
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=dist.get_world_size(),
+        strategy="ddp" if stock else PolicyDDPStrategy(**(strategy_options or {})),
+        max_steps=last + 2,
+        logger=False,
+        callbacks=[counting],
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    # every rank's epoch outlasts the counted steps at any world size (no epoch end's collectives among them)
+    trainer.fit(NValues(count), DataLoader(TensorDataset(torch.randn(32 * dist.get_world_size(), 2)), batch_size=2))
+    return {name: number / (last - first) for name, number in counting.counts.items()}

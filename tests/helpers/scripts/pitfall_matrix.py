@@ -1,0 +1,167 @@
+"""A user's training script that falls into the README's pitfalls, one fit (or test) after another in one launch.
+
+Usage: ``python pitfall_matrix.py OUT_DIR DEVICES SCENARIO [SCENARIO ...]`` with each SCENARIO ``pitfall@place``:
+
+* pitfall: ``log`` (a synced ``self.log`` under ``if self.trainer.is_global_zero:``), ``metric`` (a torchmetrics metric
+  updated and logged there), ``keys`` (``log_dict`` with a key of each rank's own, unguarded), ``log_dir``,
+  ``save_checkpoint``, ``barrier``, ``broadcast``, ``all_gather``, ``all_reduce`` (``torch.distributed``), each under
+  the guard; or ``uneven`` (rank 0 has a batch more in the place's dataloader: ``train``, ``val``, ``test``,
+  ``stream``: a train ``IterableDataset``);
+* place: the hook (``training_step``, ``on_train_batch_end``, ``on_train_epoch_end``, ``validation_step``,
+  ``on_validation_epoch_end``, ``test_step``, ``on_test_epoch_end``), or ``sanity:<hook>`` for a validation hook whose
+  pitfall is reached in the sanity check (the validation hooks without it skip the sanity check).
+
+The Trainer is the default one (sanity check, checkpointing and logger on) with ``PolicyDDPStrategy()``, under
+Lightning's default launcher. Every rank runs every scenario in order and writes ``OUT_DIR/<scenario>.<rank>.json``
+(``error``, ``message``, ``diverged``: when this rank reached the pitfall, ``ended``: when it raised). Between two
+scenarios every rank leaves the process group and the next fit starts a new one (on the next port of ``PORTS``), so
+a rank left blocked in a collective by one scenario is released before the next.
+"""
+
+import gc
+import json
+import os
+import sys
+import time
+
+import lightning as L
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader, IterableDataset, TensorDataset
+from torchmetrics import MeanMetric
+
+from lightning_ext import PolicyDDPStrategy
+
+
+class Stream(IterableDataset):
+    def __init__(self, length: int) -> None:
+        self.length = length
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return ((torch.full((4,), float(index)),) for index in range(self.length))
+
+
+class Pitfalls(L.LightningModule):
+    def __init__(self, pitfall: str, place: str, out: str) -> None:
+        super().__init__()
+        self.pitfall, self.place, self.out = pitfall, place, out
+        self.layer = torch.nn.Linear(4, 1)
+        self.metric = MeanMetric()
+        self.diverged: float | None = None
+
+    def _here(self, hook: str) -> bool:
+        """Whether the pitfall is in ``hook`` and this is when it fires (in the sanity check or after it)."""
+        if self.place.split(":")[-1] != hook:
+            return False
+        return self.trainer.sanity_checking == self.place.startswith("sanity:")
+
+    def _fall(self, hook: str) -> None:
+        if not self._here(hook):
+            return
+        rank = self.trainer.global_rank
+        if self.diverged is None:
+            self.diverged = time.time()
+        if self.pitfall == "keys":
+            self.log_dict({f"part_{rank}": 1.0}, sync_dist=True)  # pitfall: keys
+        if not self.trainer.is_global_zero:
+            return
+        if self.pitfall == "log":
+            self.log("val_acc", 1.0, sync_dist=True)  # pitfall: log
+        elif self.pitfall == "metric":
+            self.metric.update(1.0)
+            self.log("val_mean", self.metric)  # pitfall: metric
+        elif self.pitfall == "log_dir":
+            print(self.trainer.log_dir)  # pitfall: log_dir
+        elif self.pitfall == "save_checkpoint":
+            self.trainer.save_checkpoint(os.path.join(self.out, "manual.ckpt"))  # pitfall: save_checkpoint
+        elif self.pitfall == "barrier":
+            self.trainer.strategy.barrier()  # pitfall: barrier
+        elif self.pitfall == "broadcast":
+            self.trainer.strategy.broadcast(1)  # pitfall: broadcast
+        elif self.pitfall == "all_gather":
+            self.all_gather(torch.ones(1))  # pitfall: all_gather
+        elif self.pitfall == "all_reduce":
+            dist.all_reduce(torch.ones(1))  # pitfall: all_reduce
+
+    def _loader(self, stage: str) -> DataLoader:
+        rank, world = self.trainer.global_rank, self.trainer.world_size
+        if self.pitfall == "uneven" and self.place == "stream" and stage == "train":
+            return DataLoader(Stream(4 + 2 * min(rank, 1)), batch_size=2)  # rank 0: 2 batches, the others 3
+        # rank 0's shard (the DistributedSampler's) has 3 batches of 2, the others' 1 batch, where this is uneven
+        uneven = self.pitfall == "uneven" and self.place == stage and rank == 0
+        return DataLoader(TensorDataset(torch.randn(4 + 4 * world * uneven, 4)), batch_size=2)
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader("train")
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader("val")
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader("test")
+
+    def training_step(self, batch, batch_idx):  # type: ignore[no-untyped-def]
+        self._fall("training_step")
+        return self.layer(batch[0]).pow(2).mean()
+
+    def on_train_batch_end(self, outputs, batch, batch_idx) -> None:  # type: ignore[no-untyped-def]
+        self._fall("on_train_batch_end")
+
+    def on_train_epoch_end(self) -> None:
+        self._fall("on_train_epoch_end")
+
+    def validation_step(self, batch, batch_idx) -> None:  # type: ignore[no-untyped-def]
+        self._fall("validation_step")
+
+    def on_validation_epoch_end(self) -> None:
+        self._fall("on_validation_epoch_end")
+
+    def test_step(self, batch, batch_idx) -> None:  # type: ignore[no-untyped-def]
+        self._fall("test_step")
+
+    def on_test_epoch_end(self) -> None:
+        self._fall("on_test_epoch_end")
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+def run(scenario: str, out: str, devices: int) -> dict[str, object]:
+    """One scenario: a default Trainer's fit (or test), expected to raise on every rank."""
+    pitfall, place = scenario.split("@")
+    root = os.path.join(out, scenario.replace(":", "-").replace("@", "-"))
+    model = Pitfalls(pitfall, place, root)
+    trainer = L.Trainer(accelerator="cpu", devices=devices, strategy=PolicyDDPStrategy(), max_epochs=1,
+                        default_root_dir=root)  # fmt: skip
+    outcome: dict[str, object] = {"error": None, "message": None}
+    try:
+        if place.startswith("test") or place == "on_test_epoch_end":
+            trainer.test(model)
+        else:
+            trainer.fit(model)
+    except Exception as error:
+        outcome = {"error": type(error).__name__, "message": str(error)}
+    if pitfall == "uneven" and model.diverged is None:
+        model.diverged = time.time()  # the loaders differ from the start
+    return {**outcome, "diverged": model.diverged, "ended": time.time(), "rank": trainer.global_rank}
+
+
+def main() -> None:
+    out, devices, scenarios = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+    ports = os.environ["PORTS"].split(",")
+    for scenario, port in zip(scenarios, ports, strict=False):
+        os.environ["MASTER_PORT"] = port
+        cpu, started = time.process_time(), time.time()
+        outcome = run(scenario, out, devices)
+        outcome["started"] = started
+        outcome["cpu"] = time.process_time() - cpu  # this rank's CPU seconds in the scenario (what it costs a suite)
+        with open(os.path.join(out, f"{scenario}.{outcome['rank']}.json"), "w") as handle:
+            json.dump(outcome, handle)
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        gc.collect()  # the group's last references go (the DDP wrapper's): its connections close, which releases a
+        # rank that the scenario left blocked in a collective (it then raises the same error)
+
+
+if __name__ == "__main__":
+    main()
