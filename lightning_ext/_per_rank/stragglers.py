@@ -23,6 +23,7 @@ from lightning_ext._per_rank.csv_format import (
 
 __all__ = [
     "CHRONIC",
+    "MIN_HELD",
     "MIN_SHARE",
     "PHASES",
     "TIMES",
@@ -35,6 +36,7 @@ __all__ = [
 
 MIN_SHARE = 0.05  # what the others lose waiting for a straggler, at least, as a share of the step
 CHRONIC = 0.5  # a straggler that holds the others back in more than this share of its rows is chronic
+MIN_HELD = 2  # rows in which a straggler held the others back, at least: one row alone is a one-off (a hiccup)
 TIMES = (STEP_S, DATA_WAIT_S, FORWARD_S, BACKWARD_S, OPTIMIZER_S, COLLECTIVES_S, GRADIENT_WAIT_S)  # what it reads
 # the phases of a rank's own time; "hooks and logging" is the rest of it: the batch hooks and callbacks, the logging,
 # the batch's transfer to the device, Lightning's own work
@@ -110,7 +112,8 @@ def verdict(times: RankTimes, *, min_share: float = MIN_SHARE) -> pd.DataFrame:
     In a row, a rank *holds the others back* when the other ranks' median wait exceeds its own by at least
     ``min_share`` of the step (the ranks' median) and its own time exceeds theirs by as much. What they *lose* there
     is the smaller of the two excesses; its *cost* is that, summed over the rows, as a share of the run's step time.
-    It is a straggler when its cost exceeds the other ranks' median cost by at least ``min_share``: *chronic* when it
+    It is a straggler when its cost exceeds the other ranks' median cost by at least ``min_share``, in at least
+    :data:`MIN_HELD` rows (one row alone is a one-off): *chronic* when it
     held them back in more than :data:`CHRONIC` of its rows, *in bursts* otherwise. Its phase is the one where, in
     those rows, its own time exceeds the others' median the most.
 
@@ -139,7 +142,7 @@ def verdict(times: RankTimes, *, min_share: float = MIN_SHARE) -> pd.DataFrame:
     beyond = cost - _median_of_others(cost[None, :])[0] if len(cost) > 1 else np.full(len(cost), np.nan)
     excess = {name: values - _median_of_others(values) for name, values in times.phases.items()}
     found = []
-    for index in np.flatnonzero(beyond >= min_share):
+    for index in np.flatnonzero((beyond >= min_share) & (held.sum(axis=0) >= MIN_HELD)):
         rows = held[:, index]
         totals = {name: float(np.nansum(values[rows, index])) for name, values in excess.items()}
         phase = max((name for name in PHASES if not np.isnan(times.phases[name][rows, index]).all()),

@@ -61,9 +61,9 @@ def stragglers(samples: dict[int, list[dict[str, float]]], min_share: float = 0.
     found = {}
     for rank, share in cost.items():
         others = [other for who, other in cost.items() if who != rank]
-        if not others or share - statistics.median(others) < min_share:
-            continue
         mine = tally[rank]
+        if not others or share - statistics.median(others) < min_share or len(mine["held"]) < 2:
+            continue  # a rank that held the others back in one row only: a one-off
         phase = max([*PHASES, "hooks and logging"], key=lambda name: mine["excess"][name])  # ties: the first
         held, compared = mine["held"], mine["compared"]
         spans: list[tuple[int, int]] = []
