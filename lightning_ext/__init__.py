@@ -41,6 +41,7 @@ _EXPORTS = {
     "RankMetricsWarning": "lightning_ext.errors",
     "RankZero": "lightning_ext.policies",
     "StallError": "lightning_ext.errors",
+    "StragglerWarning": "lightning_ext.errors",
     "VotePolicy": "lightning_ext.policies",
     "VoteTally": "lightning_ext.policies",
     "available_policies": "lightning_ext.policies",
@@ -75,6 +76,7 @@ __all__ = [
     "RankMetricsWarning",
     "RankZero",
     "StallError",
+    "StragglerWarning",
     "VotePolicy",
     "VoteTally",
     "available_policies",
@@ -102,6 +104,7 @@ if TYPE_CHECKING:
         RankMetricsError,
         RankMetricsWarning,
         StallError,
+        StragglerWarning,
     )
     from lightning_ext.policies import (
         AggregatePolicy,

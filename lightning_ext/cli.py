@@ -12,7 +12,7 @@ from typing import Any
 
 import pandas as pd
 
-from lightning_ext._per_rank.csv_format import RSS_BYTES, STEP_S, TELEMETRY_COLUMNS
+from lightning_ext._per_rank.csv_format import GRADIENT_WAIT_S, RSS_BYTES, STEP_S, TELEMETRY_COLUMNS
 from lightning_ext._per_rank.decision_format import COLUMNS, changed_something, json_row
 from lightning_ext._per_rank.reader import ReadReport, Request, read_table
 from lightning_ext._per_rank.run_check import rank_ranges
@@ -100,8 +100,9 @@ def _parser() -> argparse.ArgumentParser:
     ranks.add_argument(
         "--stragglers",
         action="store_true",
-        help="instead, the verdict from per-rank telemetry: the ranks slower than the others in step, data wait,"
-        " forward or optimizer time, by how much, and each host's memory",
+        help="instead, the verdict from per-rank telemetry: the ranks the others wait for, in which phase their extra"
+        " time goes (data loading, forward, backward compute, optimizer, hooks and logging), whether all along or in"
+        " bursts (which steps), what it costs the others; and each host's memory",
     )
     ranks.set_defaults(run=_run_ranks)
     decisions = commands.add_parser(
@@ -228,12 +229,14 @@ def _print_stragglers(args: argparse.Namespace, table: pd.DataFrame, report: Rea
     hosts = read_rank_hosts(args.log_dir, filename=args.filename)
     samples = int(table[table[STEP_S].notna()].groupby("rank").size().median())
     medians = phase_medians(table)
+    measured = GRADIENT_WAIT_S in table.columns
     if args.format == "json":
         document: dict[str, object] = {
             "log_dir": args.log_dir,
             "ranks": int(table["rank"].nunique()),
             "samples_per_rank": samples,
             "rule": RULE,
+            "waits_measured": measured,
             "median_rank": {phase: json_value(seconds) for phase, seconds in medians.items()},
             "stragglers": stragglers_records(found, hosts),
             "memory": [] if memory is None else _memory_records(memory),
@@ -247,8 +250,11 @@ def _print_stragglers(args: argparse.Namespace, table: pd.DataFrame, report: Rea
         print(stragglers_csv(found, hosts), end="")
         return
     ranks = table["rank"].nunique()
-    print(f"{args.log_dir}: {ranks} rank(s) with telemetry, {samples} telemetry row(s) per rank (median)")
-    for line in stragglers_text(found, medians, hosts, top=args.top):
+    print(
+        f"{args.log_dir}: {ranks} rank(s) with telemetry, {samples} telemetry row(s) per rank (median; the first, the"
+        " warm-up, is left out)"
+    )
+    for line in stragglers_text(found, medians, hosts, top=args.top, waits_measured=measured):
         print(line)
     for line in memory_lines(memory, most_loaded=True) if memory is not None else []:
         print(line)

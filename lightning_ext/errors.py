@@ -98,6 +98,10 @@ class RankMetricsWarning(RuntimeWarning):
     """Per-rank metrics stepped aside (a rank stopped writing its file) or a file is incomplete."""
 
 
+class StragglerWarning(UserWarning):
+    """During training, rank 0 found a rank that the other ranks have been waiting for (per-rank telemetry)."""
+
+
 # ---- the decision record -------------------------------------------------------------------------------------------
 class DecisionRecordError(ValueError):
     """A decision record (``decisions.csv``) is malformed or mixes runs; the message names the file and line."""

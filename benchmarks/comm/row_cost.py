@@ -11,9 +11,10 @@ Two figures per training session, each the median over the repeats with the lowe
 * **per-rank row with TensorBoard**: the same row loop in each timed ``tensorboard`` fit (a ``TensorBoardLogger``
   first: the row also goes to the rank's event file), ended by a flush of the event writer, in CPU time of the whole
   process (the writer's thread, which computes each record's CRC and appends it, included) and of the main thread.
-* **telemetry sample**: the sample loop's time per sample in each timed telemetry fit: one batch's phases timed and
-  its row written (the memory read at most once a second, as in training); its share of the median step of the fits
-  without telemetry; and one reading of the memory on its own.
+* **telemetry sample**: the sample loop's time per sample in each timed telemetry fit: one batch's phases timed (the
+  backward pass's wait marked), and its row written and kept for the live straggler check (the memory read at most
+  once a second, as in training), less the backward pass itself; its share of the median step of the fits without
+  telemetry; and one reading of the memory on its own.
 """
 
 import statistics

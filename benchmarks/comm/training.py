@@ -49,9 +49,13 @@ thread's.
 
 **The cost of one telemetry sample.** Likewise, within each timed telemetry fit, at its last batch, the telemetry
 path of one batch runs :data:`ROW_LOOPS_PER_STEP` ``x train_steps`` times on the fit's own objects: the batch and
-its five phases timed (what the strategy's methods and the loop's hooks do), then the row handed to the per-rank
-writer (flushing every 100 rows), with the rank's memory when a second has passed since it was last read, as in
-training. A reading of the memory (process, DataLoader workers, host) is timed on its own as well.
+its phases timed as the strategy's methods and the loop's hooks time them (the broadcast at the batch's start, the
+fetch, ``optimizer_step`` around ``training_step`` with a synced value's collective, and a real backward pass of a
+four-element graph with the gradient all-reduce's wait marked: a hook on the loss's node and two autograd final
+callbacks), then the row handed to the per-rank writer (flushing every 100 rows) and kept for the live straggler
+check, with the rank's memory when a second has passed since it was last read, as in training. The same number of
+backward passes of that graph without telemetry is timed too and subtracted. A reading of the memory (process,
+DataLoader workers, host) is timed on its own as well.
 
 **The cost of the stall report's watching.** Likewise, within each timed ``stall_report`` fit, at its last batch,
 one step's worth of what the stall report adds to the training thread runs :data:`ROW_LOOPS_PER_STEP`
@@ -99,6 +103,7 @@ from lightning_ext._hang import facts
 from lightning_ext._hang.lockstep import Lockstep
 from lightning_ext._per_rank.local_values import record_update
 from lightning_ext._per_rank.logger import loggers_for
+from lightning_ext._per_rank.step_timer import COLLECTIVES, DATA_WAIT, FORWARD, OPTIMIZER, timed_backward
 
 __all__ = ["BASELINES", "CONFIGS", "ROW_LOOPS_PER_STEP", "SKIP_STEPS", "SYNCED", "TrainingResult", "run_training"]
 
@@ -232,21 +237,38 @@ class _SmallModel(L.LightningModule):
         return loss
 
     def _sample_loop(self) -> None:
-        """Run one batch's telemetry path ``row_loops`` times on this fit's objects (see the module docstring)."""
+        """Run one batch's telemetry path ``row_loops`` times on this fit's objects, less the same loop bare (see the
+        module docstring)."""
         telemetry = getattr(self.trainer.strategy, "_telemetry", None)
         if telemetry is None:
             raise RuntimeError("the sample loop needs a fit with per-rank telemetry")
-        timer = telemetry.timer
+        timer, wait = telemetry.timer, telemetry.gradient_wait
+        weight = torch.ones(4, requires_grad=True)
         step = self.trainer.fit_loop.epoch_loop._batches_that_stepped + 1_000_000  # after every real row
-        cpu, wall = thread_time_ns(), perf_counter_ns()
-        for row in range(self.row_loops):
-            timer.begin_batch()
-            for phase in range(5):  # data wait, forward, backward, optimizer, a collective
+        spent = []
+        for sampled in (True, False):
+            cpu, wall = thread_time_ns(), perf_counter_ns()
+            for row in range(self.row_loops):
+                loss = (weight * 2.0).sum()
+                if not sampled:
+                    torch.autograd.backward(loss)  # the backward pass without telemetry: subtracted
+                    continue
+                timer.begin_batch()
+                for phase in (COLLECTIVES, DATA_WAIT):  # the broadcast at the batch's start, the fetch
+                    timer.begin()
+                    timer.end(phase)
+                timer.begin()  # optimizer_step, around the closure
+                timer.begin()  # training_step, with a synced value
                 timer.begin()
-                timer.end(phase)
-            timer.end_batch()
-            telemetry.write_row(step + row)  # memory is read at most once a second: once or twice in this loop
-        self.loop_ns, self.loop_cpu_ns = perf_counter_ns() - wall, thread_time_ns() - cpu
+                timer.end(COLLECTIVES)
+                timer.end(FORWARD)
+                timed_backward(wait, torch.Tensor.backward, loss)  # with the gradient all-reduce's wait marked
+                timer.end(OPTIMIZER)
+                timer.end_batch()
+                telemetry.write_row(step + row)  # memory is read at most once a second: once or twice in this loop
+            spent.append((perf_counter_ns() - wall, thread_time_ns() - cpu))
+        (wall, cpu), (bare_wall, bare_cpu) = spent
+        self.loop_ns, self.loop_cpu_ns = wall - bare_wall, cpu - bare_cpu
         readings = max(1, self.row_loops // 10)
         cpu = thread_time_ns()
         for _ in range(readings):

@@ -3,6 +3,7 @@
 import contextlib
 import sys
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any, Literal
 
 from lightning.pytorch.trainer.states import TrainerStatus
@@ -47,6 +48,7 @@ class HangGuard:
         flush: writes this rank's buffered per-rank rows (called before any error is raised).
         stall_options: the stall report's options.
         preemption_policy: decides a coordinated stop when ranks receive SIGTERM (``None``: off).
+        waiting: around each check's exchange, where this rank waits for the others (per-rank telemetry times it).
 
     """
 
@@ -58,8 +60,10 @@ class HangGuard:
         flush: Callable[[], None],
         stall_options: stall.StallOptions,
         preemption_policy: VotePolicy | None = None,
+        waiting: Callable[[], AbstractContextManager[None]] = nullcontext,
     ) -> None:
         self.mode = mode
+        self._waiting = waiting
         self.preemption_policy = preemption_policy
         self.preemption: StopController | None = None
         self.uneven_batches: UnevenMode = uneven_batches
@@ -90,6 +94,7 @@ class HangGuard:
         if self.mode:
             channel = _collective.CheckChannel(watchdog.store, rank, world_size)
             self.lockstep = Lockstep(channel, watchdog, self._safe_flush)
+            self.lockstep.waiting = self._waiting
             logs.start(self.lockstep, trainer)
             loaders.start(loaders.LoaderChecks(self.lockstep, self.uneven_batches, self.check_unsized_loaders))
         self.monitor = stall.start(self.stall_options, recorder, watchdog, namespace, peers, self._safe_flush)

@@ -5,6 +5,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from typing import NoReturn
 
 from lightning_ext import _collective, errors
@@ -49,6 +50,8 @@ class Lockstep:
         self.count = 0  # checks started by this rank (including those its watchdog completes for it)
         self._before_error = before_error
         self._lock = threading.Lock()
+        # set by the owner: around each exchange, where this rank waits for the others (per-rank telemetry times it)
+        self.waiting: Callable[[], AbstractContextManager[None]] = nullcontext
         watchdog.on_error = self.complete_pending
 
     def agree(self, point: Point, position: int = 0, label: Label = "") -> bool:
@@ -62,17 +65,18 @@ class Lockstep:
             raise_record(posted)
         recorder = self.recorder
         fingerprint = fingerprint_at(point.fingerprint, position, recorder.total())
-        with self._lock:
-            self.count += 1
-            exchange = self.channel.start(fingerprint)
-        recorder.check_since = time.monotonic()
-        recorder.check = (self.count, point.where)
-        try:
-            if not exchange.wait(_FIRST_WAIT):
-                self._wait_long(exchange, point, label)
-            recorder.checks = self.count
-        finally:
-            recorder.check = None
+        with self.waiting():
+            with self._lock:
+                self.count += 1
+                exchange = self.channel.start(fingerprint)
+            recorder.check_since = time.monotonic()
+            recorder.check = (self.count, point.where)
+            try:
+                if not exchange.wait(_FIRST_WAIT):
+                    self._wait_long(exchange, point, label)
+                recorder.checks = self.count
+            finally:
+                recorder.check = None
         posted = self.watchdog.posted()
         if posted is not None:  # the check was completed by other ranks' watchdogs: the run is failing
             self._before_error()

@@ -127,6 +127,11 @@ class Watchdog:
         """Whether this rank is the first to claim ``key`` (so one rank, not all, does a piece of slow-path work)."""
         return bool(self._store.compare_set(f"claim/{key}", "", str(self.rank)).decode() == str(self.rank))
 
+    def ask_in_thread(self, ranks: list[int], kind: str, timeout: float) -> dict[int, Any]:
+        """Ask the watchdogs of ``ranks`` (:func:`ask`) from this watchdog's own thread: a handler of :attr:`handlers`
+        (this rank's own watchdog cannot answer then: leave it out of ``ranks``)."""
+        return ask(self._thread_store, ranks, kind, timeout)
+
     def facts_of(self, ranks: list[int]) -> dict[int, Facts]:
         """Ask the watchdogs of ``ranks`` for their facts (ranks that do not answer in time are left out)."""
         answers: dict[int, Facts] = ask(self._store, ranks, "facts", ANSWER_TIMEOUT)
@@ -163,6 +168,7 @@ class Watchdog:
                 message = json.loads(store.get(key))
             except Exception:  # the store is gone (the run ended): nothing left to serve
                 return
+            _forget(store, key)
             number += 1
             if message["type"] == "stop":
                 return
@@ -190,14 +196,26 @@ def mail(store: Any, rank: int, message: dict[str, str]) -> None:
 
 def ask(store: Any, ranks: list[int], kind: str, timeout: float) -> dict[int, Any]:
     """Ask the watchdogs of ``ranks`` for their answer to a request of ``kind`` (``Watchdog.answers``), through
-    ``store``; wait up to ``timeout`` seconds and return the answers that came, by rank."""
+    ``store``; wait up to ``timeout`` seconds and return the answers that came, by rank (each answer is read once and
+    removed from the store)."""
     request = uuid.uuid4().hex
     for rank in ranks:
         mail(store, rank, {"type": kind, "id": request})
     keys = {rank: f"answer/{request}/{rank}" for rank in ranks}
     with contextlib.suppress(Exception):  # some did not answer in time: take the others
         store.wait(list(keys.values()), timedelta(seconds=timeout))
-    return {rank: pickle.loads(store.get(key)) for rank, key in keys.items() if store.check([key])}
+    answers = {}
+    for rank, key in keys.items():
+        if store.check([key]):
+            answers[rank] = pickle.loads(store.get(key))
+            _forget(store, key)
+    return answers
+
+
+def _forget(store: Any, key: str) -> None:
+    """Remove a key read once (mail, an answer), so that a long run's requests do not pile up in the store."""
+    with contextlib.suppress(Exception):  # a store that cannot delete keeps it: no harm but the memory
+        store.delete_key(key)
 
 
 def _nothing() -> None:

@@ -21,6 +21,7 @@ __all__ = [
     "EPOCH",
     "ESCAPE",
     "FORWARD_S",
+    "GRADIENT_WAIT_S",
     "HOST_SUFFIX",
     "HOST_USED_BYTES",
     "NA_CELLS",
@@ -56,13 +57,14 @@ FORWARD_S = "telemetry/forward_s"
 BACKWARD_S = "telemetry/backward_s"
 OPTIMIZER_S = "telemetry/optimizer_s"
 COLLECTIVES_S = "telemetry/collectives_s"
+GRADIENT_WAIT_S = "telemetry/gradient_wait_s"
 RSS_BYTES = "telemetry/rss_bytes"
 WORKERS_RSS_BYTES = "telemetry/workers_rss_bytes"
 HOST_USED_BYTES = "telemetry/host_used_bytes"
 CUDA_ALLOCATED_BYTES = "telemetry/cuda_allocated_bytes"
 CUDA_PEAK_BYTES = "telemetry/cuda_peak_bytes"
 TELEMETRY_COLUMNS = (
-    *(STEP_S, DATA_WAIT_S, FORWARD_S, BACKWARD_S, OPTIMIZER_S, COLLECTIVES_S),
+    *(STEP_S, DATA_WAIT_S, FORWARD_S, BACKWARD_S, OPTIMIZER_S, COLLECTIVES_S, GRADIENT_WAIT_S),
     *(RSS_BYTES, WORKERS_RSS_BYTES, HOST_USED_BYTES, CUDA_ALLOCATED_BYTES, CUDA_PEAK_BYTES),
 )
 HOST_SUFFIX = ".host"  # beside a rank's file: its host, written when telemetry starts

@@ -10,17 +10,29 @@ from typing import Any
 
 import pandas as pd
 
-from lightning_ext._per_rank.spread import OUTLIER
-from lightning_ext._per_rank.stragglers import HOST_SHARE, MIN_SHARE
+from lightning_ext._per_rank.host_memory import HOST_SHARE
+from lightning_ext._per_rank.stragglers import CHRONIC, MIN_SHARE, PHASES
 from lightning_ext._per_rank.summary_format import csv_text, json_value
 
-__all__ = ["RULE", "duration", "memory_lines", "size", "stragglers_csv", "stragglers_records", "stragglers_text"]
+__all__ = [
+    "RULE",
+    "duration",
+    "memory_lines",
+    "size",
+    "step_ranges",
+    "stragglers_csv",
+    "stragglers_records",
+    "stragglers_text",
+]
 
 RULE = (
-    f"a rank is a straggler in a phase when its median time per batch there has robust z > {OUTLIER:g} among the"
-    f" ranks and exceeds their median by at least {MIN_SHARE:.0%} of the median step"
+    "a straggler is a rank the others wait for: in a telemetry row it holds them back when their median wait exceeds"
+    f" its own by at least {MIN_SHARE:.0%} of the step and its own time exceeds theirs by as much; it is named when"
+    " what they lose so, as a share of their step time, exceeds what the other ranks cost them by at least"
+    f" {MIN_SHARE:.0%}; chronic when it held them back in more than {CHRONIC:.0%} of its rows, otherwise in bursts"
 )
-_PHASE_ORDER = ("step", "data wait", "forward", "optimizer")
+_SPANS_SHOWN = 6
+_NUMBERS = ("cost", "waited_s", "excess_s", "seconds", "others_s")
 
 
 def duration(seconds: float) -> str:
@@ -43,36 +55,62 @@ def size(count: float) -> str:
     return f"{count:.0f} B"
 
 
-def stragglers_text(found: pd.DataFrame, medians: dict[str, float], hosts: pd.DataFrame, *, top: int) -> list[str]:
-    """The verdict's lines: the median rank's time per batch by phase, then each straggler (``top`` per phase)."""
+def step_ranges(spans: tuple[tuple[int, int], ...], *, shown: int | None = None) -> str:
+    """The steps of runs of telemetry rows, as ``"40-42, 97"`` (``shown``: at most that many runs, then how many more).
+
+    Example:
+        >>> step_ranges(((40, 42), (97, 97), (120, 150)), shown=2)
+        '40-42, 97 and 1 more'
+    """
+    parts = [f"{first}" if first == last else f"{first}-{last}" for first, last in spans]
+    if shown is not None and len(parts) > shown:
+        return ", ".join(parts[:shown]) + f" and {len(parts) - shown} more"
+    return ", ".join(parts)
+
+
+def stragglers_text(
+    found: pd.DataFrame, medians: dict[str, float], hosts: pd.DataFrame, *, top: int, waits_measured: bool = True
+) -> list[str]:
+    """The verdict's lines: the median rank's time per batch by phase, the rule, then each straggler (``top`` of them).
+
+    ``waits_measured``: whether the files hold ``gradient_wait_s`` (written before it, backward counts as waiting).
+    """
     step = medians.get("step", math.nan)
-    parts = [f"{phase} {duration(seconds)}" for phase, seconds in medians.items() if phase != "step"]
-    other = step - sum(seconds for phase, seconds in medians.items() if phase != "step")
-    lines = [f"the median rank per batch: step {duration(step)} = " + " + ".join([*parts, f"other {duration(other)}"])]
+    parts = [f"{phase} {duration(medians[phase])}" for phase in PHASES if phase in medians]
+    parts.append(f"waiting for the others {duration(medians.get('waiting', math.nan))}")
+    lines = [f"the median rank per batch: step {duration(step)} = " + " + ".join(parts)]
     lines.append(RULE)
+    if not waits_measured:
+        lines.append(
+            "these files predate the measure of the gradient all-reduce's wait (telemetry/gradient_wait_s): backward"
+            " counts as waiting, so a rank slow in its backward computation is not seen"
+        )
     if found.empty:
-        lines.append("no straggler: no rank stands out in " + ", ".join(_PHASE_ORDER[:-1]) + " or optimizer time")
+        lines.append("no straggler: no rank held the others back")
         return lines
-    rows, more = [], []
-    for phase in _PHASE_ORDER:
-        flagged = found[found["phase"] == phase]
-        for record in flagged.head(top).itertuples(index=False):
-            rows.append(
-                {
-                    "rank": record.rank,
-                    "host": _host(hosts, record.rank),
-                    "phase": phase,
-                    "per batch": duration(record.seconds),
-                    "ranks' median": duration(record.median),
-                    "slower by": f"{record.ratio:.3g}x, +{duration(record.excess_s)}",
-                    "robust z": f"{record.robust_z:+.3g}",
-                }
-            )
-        if len(flagged) > top:
-            more.append(f"and {len(flagged) - top} more rank(s) in {phase} (--format json lists them all)")
-    lines.append(f"stragglers ({found['rank'].nunique()} rank(s)):")
-    lines.append(pd.DataFrame(rows).to_string(index=False))
-    return lines + more
+    rows = []
+    for record in found.head(top).itertuples(index=False):
+        when = "all along" if record.held == record.rows else f"steps {step_ranges(record.spans, shown=_SPANS_SHOWN)}"
+        rows.append(
+            {
+                "rank": record.rank,
+                "host": _host(hosts, record.rank),
+                "phase": record.phase,
+                "pattern": f"{record.pattern} ({record.held} of {record.rows} rows)",
+                "extra per batch": f"+{duration(record.excess_s)} ({duration(record.seconds)} vs"
+                f" {duration(record.others_s)})",
+                "others lost": f"{record.cost:.0%}",
+                "when": when if record.pattern == "bursts" else "",
+            }
+        )
+    table = pd.DataFrame(rows)
+    if not (table["when"] != "").any():
+        table = table.drop(columns="when")
+    lines.append(f"stragglers ({len(found)} rank(s)), the costliest first:")
+    lines.append(table.to_string(index=False))
+    if len(found) > top:
+        lines.append(f"and {len(found) - top} more straggler(s) (--format json lists them all)")
+    return lines
 
 
 def memory_lines(memory: pd.DataFrame, *, most_loaded: bool = False) -> list[str]:
@@ -98,31 +136,31 @@ def memory_lines(memory: pd.DataFrame, *, most_loaded: bool = False) -> list[str
 
 
 def stragglers_records(found: pd.DataFrame, hosts: pd.DataFrame) -> list[dict[str, Any]]:
-    """One JSON-ready record per (rank, phase) of the verdict, with the rank's host (``null`` if unknown)."""
+    """One JSON-ready record per straggler of the verdict, with the rank's host (``null`` if unknown)."""
     return [
         {
             "rank": int(record.rank),
             "host": _host(hosts, record.rank, missing=None),
             "phase": record.phase,
+            "pattern": record.pattern,
             **{name: json_value(float(getattr(record, name))) for name in _NUMBERS},
-            "samples": int(record.samples),
+            "held": int(record.held),
+            "rows": int(record.rows),
+            "steps": [[int(first), int(last)] for first, last in record.spans],
         }
         for record in found.itertuples(index=False)
     ]
 
 
 def stragglers_csv(found: pd.DataFrame, hosts: pd.DataFrame) -> str:
-    """One CSV row per (rank, phase) of the verdict (the summaries' one rule for numbers: ``summary_format``)."""
+    """One CSV row per straggler of the verdict (the summaries' one rule for numbers: ``summary_format``)."""
     rows = [
-        [record.rank, _host(hosts, record.rank, missing=None), record.phase]
+        [record.rank, _host(hosts, record.rank, missing=None), record.phase, record.pattern]
         + [float(getattr(record, name)) for name in _NUMBERS]
-        + [record.samples]
+        + [record.held, record.rows, step_ranges(record.spans)]
         for record in found.itertuples(index=False)
     ]
-    return csv_text(["rank", "host", "phase", *_NUMBERS, "samples"], rows)
-
-
-_NUMBERS = ("seconds", "median", "ratio", "excess_s", "share", "robust_z")
+    return csv_text(["rank", "host", "phase", "pattern", *_NUMBERS, "held", "rows", "steps"], rows)
 
 
 def _host(hosts: pd.DataFrame, rank: int, missing: Any = "-") -> Any:

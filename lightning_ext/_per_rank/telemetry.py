@@ -6,120 +6,35 @@ import multiprocessing
 import os
 import socket
 import warnings
+from collections import deque
 from collections.abc import Callable
 from datetime import datetime, timezone
-from time import monotonic, perf_counter_ns
-from types import TracebackType
-from typing import Any, TypeVar
+from time import monotonic
+from typing import Any
 
 import psutil
 
 from lightning_ext._per_rank.csv_format import (
-    BACKWARD_S,
-    COLLECTIVES_S,
     CUDA_ALLOCATED_BYTES,
     CUDA_PEAK_BYTES,
-    DATA_WAIT_S,
-    FORWARD_S,
     HOST_SUFFIX,
     HOST_USED_BYTES,
-    OPTIMIZER_S,
     RSS_BYTES,
-    STEP_S,
     WORKERS_RSS_BYTES,
 )
+from lightning_ext._per_rank.step_timer import COLLECTIVES, DATA_WAIT, GradientWait, StepTimer, timing
 from lightning_ext._per_rank.storage import write_whole
+from lightning_ext._per_rank.stragglers import TIMES
 from lightning_ext.errors import RankMetricsWarning
 
-__all__ = ["BACKWARD", "COLLECTIVES", "FORWARD", "OPTIMIZER", "StepTimer", "Telemetry", "timed", "timing"]
+__all__ = ["Telemetry", "WindowRow", "host_record"]
 
-DATA_WAIT, FORWARD, BACKWARD, OPTIMIZER, COLLECTIVES = range(5)
 MEMORY_EVERY_S = 1.0  # memory is read at most this often: psutil's reads of /proc cost 30-150 µs of CPU
-_PHASES = (DATA_WAIT_S, FORWARD_S, BACKWARD_S, OPTIMIZER_S, COLLECTIVES_S)
 HOST_FORMAT = "lightning-ext per-rank host/1"
-_Result = TypeVar("_Result")
-
-
-class StepTimer:
-    """Each training batch's time and its phases' own times, summed until :meth:`take` makes them a row.
-
-    A phase's own time leaves out what ran nested in it (the closure inside ``optimizer_step``, a synced value's
-    collective inside ``training_step``), so the phases add up to at most the step. Outside a batch nothing is
-    timed: :meth:`begin` says whether it started a phase.
-    """
-
-    __slots__ = ("_batches", "_stack", "_step", "_totals")
-
-    def __init__(self) -> None:
-        self._stack: list[list[int]] = []  # [start, time of the phases nested in it]; the batch at the bottom
-        self._totals = [0] * len(_PHASES)
-        self._step = self._batches = 0
-
-    def begin_batch(self) -> None:
-        """A training batch starts (the training epoch loop's ``advance``)."""
-        self._stack = [[perf_counter_ns(), 0]]
-
-    def end_batch(self, *, count: bool = True) -> None:
-        """The batch ended: its time is added (``count=False``: it did not run; its phases are added all the same)."""
-        if self._stack:
-            start = self._stack[0][0]
-            self._stack = []
-            if count:
-                self._step += perf_counter_ns() - start
-                self._batches += 1
-
-    def begin(self) -> bool:
-        """A phase starts within the batch; ``False`` (nothing started) outside one."""
-        if not self._stack:
-            return False
-        self._stack.append([perf_counter_ns(), 0])
-        return True
-
-    def end(self, phase: int) -> None:
-        """The phase :meth:`begin` started last has ended."""
-        if len(self._stack) < 2:
-            return
-        start, nested = self._stack.pop()
-        took = perf_counter_ns() - start
-        self._totals[phase] += took - nested
-        self._stack[-1][1] += took
-
-    def take(self) -> dict[str, float]:
-        """Seconds per batch of the step and of each phase since the last call (means), then start afresh."""
-        batches = self._batches
-        if not batches:
-            return {}
-        row = {STEP_S: self._step / batches / 1e9}
-        row.update({name: total / batches / 1e9 for name, total in zip(_PHASES, self._totals, strict=True)})
-        self._totals = [0] * len(_PHASES)
-        self._step = self._batches = 0
-        return row
-
-
-def timed(timer: StepTimer | None, phase: int, call: Callable[..., _Result], *args: Any, **kwargs: Any) -> _Result:
-    """``call(*args, **kwargs)``, its time counted in ``phase`` while a batch is being timed."""
-    if timer is None or not timer.begin():
-        return call(*args, **kwargs)
-    try:
-        return call(*args, **kwargs)
-    finally:
-        timer.end(phase)
-
-
-class timing:
-    """The block's time counted in ``phase`` while a batch is being timed."""
-
-    __slots__ = ("_began", "_phase", "_timer")
-
-    def __init__(self, timer: StepTimer | None, phase: int) -> None:
-        self._timer, self._phase, self._began = timer, phase, False
-
-    def __enter__(self) -> None:
-        self._began = self._timer is not None and self._timer.begin()
-
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None) -> None:
-        if self._began and self._timer is not None:
-            self._timer.end(self._phase)
+# where a rank waits for the others outside the strategy's own methods: Lightning's broadcast at each batch's start
+# (the training epoch loop's), DDP's broadcast of the module's buffers at each forward (the DDP module's)
+_WAITS = {"loop": "_broadcast_sigterm_tensor", "model": "_sync_buffers"}
+WindowRow = tuple[int, dict[str, float]]  # a telemetry row of the live straggler window: (step, the TIMES columns)
 
 
 class _Memory:
@@ -166,22 +81,39 @@ class _Memory:
 class Telemetry:
     """One rank's telemetry during ``fit``: hooks on the training epoch loop, a row every ``every_n_steps`` steps.
 
-    :meth:`attach` shadows three methods of the trainer's training epoch loop with instance attributes that call
-    them: ``advance`` (one batch), ``_on_before_fetch`` and ``_on_after_fetch`` (Lightning's own timing points around
-    each fetch, copied into the data fetcher every epoch). :meth:`detach` removes them. The strategy times its own
-    ``training_step``, ``backward``, ``optimizer_step`` and collectives with :attr:`timer`. Any error here stops
-    telemetry on this rank with one :class:`~lightning_ext.errors.RankMetricsWarning`; training goes on.
+    :meth:`attach` shadows methods of the trainer's training epoch loop with instance attributes that call them:
+    ``advance`` (one batch), ``_on_before_fetch`` and ``_on_after_fetch`` (Lightning's own timing points around each
+    fetch, copied into the data fetcher every epoch), and the broadcast at each batch's start; and a DDP module's
+    broadcast of its buffers. :meth:`detach` removes them. The strategy times its own ``training_step``,
+    ``backward`` (with :attr:`gradient_wait`), ``optimizer_step`` and collectives with :attr:`timer`. Any error here
+    stops telemetry on this rank with one :class:`~lightning_ext.errors.RankMetricsWarning`; training goes on.
+
+    Args:
+        logger: the rank's per-rank logger (``log_telemetry``, ``path``).
+        rank: the global rank.
+        every_n_steps: a row every this many steps; ``None``: the trainer's ``log_every_n_steps``.
+        cuda_device: the rank's CUDA device, for its memory columns, or ``None``.
+        window: how many of its latest rows the rank keeps in :attr:`window` for the live straggler verdict (the
+            first row of the fit, which holds the warm-up, is not among them).
+
     """
 
-    def __init__(self, logger: Any, rank: int, every_n_steps: int | None, cuda_device: Any | None = None) -> None:
+    def __init__(
+        self, logger: Any, rank: int, every_n_steps: int | None, cuda_device: Any | None = None, window: int = 0
+    ) -> None:
         self.timer = StepTimer()
+        self.gradient_wait = GradientWait(self.timer)
+        self.window: deque[WindowRow] = deque(maxlen=window)
+        self.row_written: Callable[[], None] = _nothing  # set by the owner: called after each row (the live verdict)
+        self.detaching: Callable[[], None] = _nothing  # and first in :meth:`detach` (the live verdict's stop)
         self._logger = logger
         self._rank = rank
         self._every = every_n_steps
         self._memory = _Memory(cuda_device)
-        self._loop: Any = None
+        self._shadowed: list[tuple[Any, str, Any]] = []  # (object, attribute, its instance attribute before, if any)
         self._last_step: int | None = None
         self._epoch = 0
+        self._rows = 0
 
     def attach(self, trainer: Any) -> None:
         """Start timing ``trainer``'s training batches, and write this rank's host record."""
@@ -213,21 +145,35 @@ class Telemetry:
             timer.end_batch()
             self._after_batch(loop, every)
 
-        loop._on_before_fetch, loop._on_after_fetch, loop.advance = on_before_fetch, on_after_fetch, timed_advance
-        self._loop = loop
+        self._shadow(loop, "_on_before_fetch", on_before_fetch)
+        self._shadow(loop, "_on_after_fetch", on_after_fetch)
+        self._shadow(loop, "advance", timed_advance)
+        for owner, name in ((loop, _WAITS["loop"]), (getattr(trainer.strategy, "model", None), _WAITS["model"])):
+            waiting = getattr(owner, name, None)
+            if callable(waiting):
+                self._shadow(owner, name, _timed_collective(timer, waiting))
 
     def detach(self) -> None:
-        """Write the batches timed since the last row, and give the loop its own methods back."""
-        loop, self._loop = self._loop, None
-        if loop is None:
+        """Write the batches timed since the last row, and give the loop and the model their own methods back."""
+        detaching, self.detaching = self.detaching, _nothing
+        detaching()
+        shadowed, self._shadowed = self._shadowed, []
+        if not shadowed:
             return
-        for name in ("_on_before_fetch", "_on_after_fetch", "advance"):
-            loop.__dict__.pop(name, None)
+        for owner, name, before in reversed(shadowed):
+            if before is None:
+                owner.__dict__.pop(name, None)
+            else:
+                owner.__dict__[name] = before
         if self._last_step is not None:
             try:
                 self.write_row(self._last_step, memory_now=True)
             except Exception as error:
                 self._warn(error, "writing its last row")
+
+    def _shadow(self, owner: Any, name: str, replacement: Any) -> None:
+        self._shadowed.append((owner, name, owner.__dict__.get(name)))
+        owner.__dict__[name] = replacement
 
     def _after_batch(self, loop: Any, every: int) -> None:
         try:
@@ -235,17 +181,27 @@ class Telemetry:
             self._last_step, self._epoch = step, int(loop.trainer.current_epoch)
             if (step + 1) % every == 0:  # as Lightning's should_update_logs decides
                 self.write_row(step)
+                self.row_written()
         except Exception as error:
             self._stop(error, "sampling")
 
     def write_row(self, step: int, *, memory_now: bool = False) -> None:
         """Write the means of the batches timed since the last row as the row of ``step``, with the memory now if it
         was last read :data:`MEMORY_EVERY_S` ago or more (``memory_now``: in any case)."""
-        row: dict[str, float | int] = dict(self.timer.take())
-        if row:
-            row.update(self._memory.sample(now=memory_now))
-            row["epoch"] = self._epoch  # as Lightning adds to its rows
-            self._logger.log_telemetry(row, step)
+        times = self.timer.take()
+        if not times:
+            return
+        if self._rows:  # the first row holds the warm-up: not a straggler's doing
+            self.window.append((step, {name: times[name] for name in TIMES}))
+        self._rows += 1
+        row: dict[str, float | int] = dict(times)
+        row.update(self._memory.sample(now=memory_now))
+        row["epoch"] = self._epoch  # as Lightning adds to its rows
+        self._logger.log_telemetry(row, step)
+
+    def window_rows(self) -> list[WindowRow]:
+        """The rows of :attr:`window`, copied (called by the watchdog's thread while the training thread appends)."""
+        return list(self.window.copy())
 
     def read_memory(self) -> dict[str, int]:
         """The rank's memory columns, read now (what a row holds at most once a second)."""
@@ -263,6 +219,18 @@ class Telemetry:
             RankMetricsWarning,
             stacklevel=3,
         )
+
+
+def _timed_collective(timer: StepTimer, call: Callable[[], Any]) -> Callable[[], Any]:
+    def timed_call() -> Any:
+        with timing(timer, COLLECTIVES):
+            return call()
+
+    return timed_call
+
+
+def _nothing() -> None:
+    return None
 
 
 def host_record(rank: int) -> dict[str, Any]:

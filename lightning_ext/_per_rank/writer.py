@@ -50,6 +50,10 @@ class PerRankMetrics:
             last one; ``None``: the trainer's ``log_every_n_steps``.
         tensorboard: when the trainer's first logger is a ``TensorBoardLogger``, also write every row (and the
             telemetry) to TensorBoard event files in ``<log_dir>/rank_<r>/``: one run per rank, over the synced one.
+        straggler_window: with telemetry, during ``fit``, every this many telemetry rows rank 0 asks every rank's
+            watchdog for its latest this many rows and warns (``StragglerWarning``) when the others have been
+            waiting for one rank in most of them; ``None``: no live check (the verdict after the run is the same).
+        straggler_reminder_minutes: a straggler already warned about is warned about again at most this often.
 
     """
 
@@ -58,6 +62,8 @@ class PerRankMetrics:
     telemetry: bool = False
     telemetry_every_n_steps: int | None = None
     tensorboard: bool = True
+    straggler_window: int | None = 10
+    straggler_reminder_minutes: float = 30.0
 
     def __post_init__(self) -> None:
         if "{rank}" not in self.filename:
@@ -71,6 +77,14 @@ class PerRankMetrics:
             raise TypeError(f"PerRankMetrics.telemetry must be True or False, got {self.telemetry!r}")
         if not isinstance(self.tensorboard, bool):
             raise TypeError(f"PerRankMetrics.tensorboard must be True or False, got {self.tensorboard!r}")
+        window = self.straggler_window
+        if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 2):
+            raise ValueError(f"PerRankMetrics.straggler_window must be a whole number >= 2 or None, got {window!r}")
+        reminder = self.straggler_reminder_minutes
+        if isinstance(reminder, bool) or not isinstance(reminder, (int, float)) or not reminder >= 0:
+            raise ValueError(
+                f"PerRankMetrics.straggler_reminder_minutes must be a number of minutes >= 0, got {reminder!r}"
+            )
         every = self.telemetry_every_n_steps
         if every is not None and (isinstance(every, bool) or not isinstance(every, int) or every < 1):
             raise ValueError(

@@ -77,17 +77,18 @@ def find_the_straggler(devices: int, root: str, *, tensorboard: bool = False) ->
     table = read_rank_metrics(log_dir)
     found = find_stragglers(table)
     lines = [f"\na straggler: rank {slow}'s data loading made slow on purpose ({DELAY * 1000:.0f} ms per batch)."]
-    lines.append(f"Each rank timed its own batches (no collective); the verdict, read back from {log_dir}:")
+    lines.append(
+        "Each rank timed its own batches and its waits for the others (no collective added); the verdict, read back"
+        f" from {log_dir}:"
+    )
     for record in found.itertuples():
         lines.append(
-            f"  rank {record.rank} is slow in {record.phase}: {record.seconds * 1000:.1f} ms per batch against the"
-            f" ranks' median {record.median * 1000:.2f} ms (+{record.excess_s * 1000:.1f} ms, robust z"
-            f" {record.robust_z:+.3g})"
+            f"  rank {record.rank} held the others back in {record.held} of {record.rows} telemetry rows"
+            f" ({record.pattern}): {record.phase} took it {record.excess_s * 1000:.1f} ms more per batch than them"
+            f" ({record.seconds * 1000:.1f} ms against {record.others_s * 1000:.2f} ms), and they lost"
+            f" {record.cost:.0%} of their step time waiting for it"
         )
     if found.empty:
-        waits = table.groupby("rank")["telemetry/data_wait_s"].median()
-        each = ", ".join(f"rank {rank} {seconds * 1000:.1f} ms" for rank, seconds in waits.items())
-        why = "with 2 ranks neither is an outlier of the other" if devices == 2 else "the machine may be too busy"
-        lines.append(f"  no rank stands out by the robust rule ({why}); data wait per batch: {each}")
+        lines.append("  no straggler found: the machine may be too busy to tell")
     lines.append(f"  the same from the command line: lightning-ext ranks {log_dir} --stragglers")
     return lines

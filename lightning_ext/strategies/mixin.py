@@ -21,19 +21,11 @@ from lightning_ext._packages.choice import (
     parts_of_run,
     strategy_for_other_package,
 )
-from lightning_ext._per_rank import local_values
+from lightning_ext._per_rank import local_values, step_timer
 from lightning_ext._per_rank.decision_file import DecisionFile
 from lightning_ext._per_rank.logger import RankCSVLogger, loggers_for
-from lightning_ext._per_rank.telemetry import (
-    BACKWARD,
-    COLLECTIVES,
-    FORWARD,
-    OPTIMIZER,
-    StepTimer,
-    Telemetry,
-    timed,
-    timing,
-)
+from lightning_ext._per_rank.straggler_watch import start_telemetry
+from lightning_ext._per_rank.telemetry import Telemetry
 from lightning_ext._per_rank.tensorboard_files import event_files_for
 from lightning_ext._setup import checks as setup_checks
 from lightning_ext._sync import hooks as sync_hooks
@@ -103,9 +95,8 @@ class PolicyStrategyMixin(_Strategy):
         base = package_of(cls)
         if base is not None and base != cls._lightning_package:  # the mixin of one package on the other's strategy
             raise strategy_for_other_package(cls, cls._lightning_package, base, f"{cls.__name__}'s base strategy")
-        check_order(
-            cls, PolicyStrategyMixin
-        )  # here, because with the mixin after the strategy, its __init__ would not run to check it
+        # here, because with the mixin after the strategy, its __init__ would not run to check it
+        check_order(cls, PolicyStrategyMixin)
         give_init(cls, PolicyStrategyMixin)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:  # its signature: the options' (below the class)
@@ -135,7 +126,8 @@ class PolicyStrategyMixin(_Strategy):
         self._run_log_dir: str | None = None
         self.rank_metrics_logger: RankCSVLogger | None = None
         self._telemetry: Telemetry | None = None
-        self._step_timer: StepTimer | None = None  # times the phases below while telemetry is on
+        self._step_timer: step_timer.StepTimer | None = None  # times the phases below while telemetry is on
+        self._gradient_wait: step_timer.GradientWait | None = None  # and the wait at the end of each backward pass
         self._hang_guard = HangGuard(
             options.hang_checks,
             options.uneven_batches,
@@ -143,6 +135,8 @@ class PolicyStrategyMixin(_Strategy):
             self._flush_rank_files,
             stall_options,
             preemption,
+            # around a hang check's exchange, where this rank waits for the others: telemetry's collectives
+            lambda: step_timer.timing(self._step_timer, step_timer.COLLECTIVES),
         )
         self._decision_record = options.decision_record
         self.decision_file: DecisionFile | None = None  # rank 0's record, during a run
@@ -242,9 +236,11 @@ class PolicyStrategyMixin(_Strategy):
         options = self._per_rank_metrics
         if self.rank_metrics_logger is not None and trainer is not None and options is not None and options.telemetry:
             cuda = self.root_device if self.root_device.type == "cuda" else None
-            self._telemetry = Telemetry(self.rank_metrics_logger, self._rank(), options.telemetry_every_n_steps, cuda)
-            self._telemetry.attach(trainer)
-            self._step_timer = self._telemetry.timer
+            telemetry = start_telemetry(
+                self.rank_metrics_logger, trainer, options, self._rank(), self.world_size, cuda,
+                self._hang_guard.watchdog, self._run_log_dir,
+            )  # fmt: skip
+            self._telemetry, self._step_timer, self._gradient_wait = telemetry, telemetry.timer, telemetry.gradient_wait
 
     @override
     def on_validation_start(self) -> None:
@@ -258,6 +254,9 @@ class PolicyStrategyMixin(_Strategy):
 
     @override
     def teardown(self) -> None:
+        telemetry, self._telemetry, self._step_timer, self._gradient_wait = self._telemetry, None, None, None
+        if telemetry is not None:
+            telemetry.detach()  # its last row, and the methods it shadowed given back before the others' (the stop's)
         self._stop_coalescing()
         self._hang_guard.unwatch_backward_passes(self)
         setup_checks.stop()
@@ -269,9 +268,6 @@ class PolicyStrategyMixin(_Strategy):
         if decision_file is not None:
             decision_file.close()
         rank_logger, self.rank_metrics_logger = self.rank_metrics_logger, None
-        telemetry, self._telemetry, self._step_timer = self._telemetry, None, None
-        if telemetry is not None:
-            telemetry.detach()  # its last row, before the file is closed
         if rank_logger is not None:
             local_values.stop_capture()
             rank_logger.close()
@@ -298,15 +294,15 @@ class PolicyStrategyMixin(_Strategy):
 
     @override
     def training_step(self, *args: Any, **kwargs: Any) -> Any:
-        return timed(self._step_timer, FORWARD, super().training_step, *args, **kwargs)
+        return step_timer.timed(self._step_timer, step_timer.FORWARD, super().training_step, *args, **kwargs)
 
     @override
     def backward(self, *args: Any, **kwargs: Any) -> Any:
-        return timed(self._step_timer, BACKWARD, super().backward, *args, **kwargs)
+        return step_timer.timed_backward(self._gradient_wait, super().backward, *args, **kwargs)
 
     @override
     def optimizer_step(self, *args: Any, **kwargs: Any) -> Any:
-        return timed(self._step_timer, OPTIMIZER, super().optimizer_step, *args, **kwargs)
+        return step_timer.timed(self._step_timer, step_timer.OPTIMIZER, super().optimizer_step, *args, **kwargs)
 
     @override
     def reduce(self, tensor: Any, group: Any | None = None, reduce_op: Any = "mean") -> Any:
@@ -316,29 +312,29 @@ class PolicyStrategyMixin(_Strategy):
             synced = queue.take(tensor, reduce_op)  # a logged value: it syncs with the others of its hook or round
             if synced is not None:
                 return synced
-        with timing(self._step_timer, COLLECTIVES):
+        with step_timer.timing(self._step_timer, step_timer.COLLECTIVES):
             return self._hang_guard.reduce(super().reduce, tensor, group, reduce_op)  # type: ignore[safe-super]
 
     def _reduce_packed(self, tensor: Any, reduce_op: str) -> Any:
         """Lightning's own ``reduce`` of packed logged values, without its barrier (their check lined the ranks up)."""
-        with timing(self._step_timer, COLLECTIVES), self._hang_guard.without_barrier():
+        with step_timer.timing(self._step_timer, step_timer.COLLECTIVES), self._hang_guard.without_barrier():
             return super().reduce(tensor, group=None, reduce_op=reduce_op)  # type: ignore[safe-super]
 
     @override
     def barrier(self, name: str | None = None) -> None:
-        with timing(self._step_timer, COLLECTIVES):
+        with step_timer.timing(self._step_timer, step_timer.COLLECTIVES):
             self._hang_guard.check_call(f"strategy.barrier({'' if name is None else repr(name)})", ("barrier", name))
             super().barrier(name)  # type: ignore[safe-super]
 
     @override
     def broadcast(self, obj: Any, src: int = 0) -> Any:
-        with timing(self._step_timer, COLLECTIVES):
+        with step_timer.timing(self._step_timer, step_timer.COLLECTIVES):
             self._hang_guard.check_call(f"strategy.broadcast(src={src})", ("broadcast", src))
             return super().broadcast(obj, src)  # type: ignore[safe-super]
 
     @override
     def all_gather(self, tensor: Any, group: Any | None = None, sync_grads: bool = False) -> Any:
-        with timing(self._step_timer, COLLECTIVES):
+        with step_timer.timing(self._step_timer, step_timer.COLLECTIVES):
             if _collective.is_world(group):
                 shape = tuple(tensor.shape) if hasattr(tensor, "shape") else None
                 identity = ("all_gather", shape, str(getattr(tensor, "dtype", None)))

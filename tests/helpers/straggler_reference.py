@@ -1,61 +1,81 @@
 """An independent reference for the straggler verdict and the per-host memory check: plain Python, no lightning_ext.
 
-Written from the rules as docs/per-rank-metrics.md states them, with the statistics module instead of pandas.
+Written from the rules as docs/per-rank-metrics.md states them, with the statistics module instead of numpy and
+pandas, row by row and rank by rank.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
+from dataclasses import dataclass, field
 
-VERDICT = {"step": "telemetry/step_s", "data wait": "telemetry/data_wait_s", "forward": "telemetry/forward_s",
-           "optimizer": "telemetry/optimizer_s"}  # fmt: skip
-
-
-def robust_z(values: dict[int, float]) -> dict[int, float]:
-    """``0.6745 (x - median) / MAD``; the mean absolute deviation (x 0.7979) when MAD is 0; else 0 or +-inf."""
-    finite = {key: value for key, value in values.items() if not math.isnan(value)}
-    if not finite:
-        return {}
-    median = statistics.median(finite.values())
-    deviations = [abs(value - median) for value in finite.values() if math.isfinite(value - median)]
-    mad = statistics.median(deviations) if deviations else 0.0
-    mean_ad = statistics.fmean(deviations) if deviations else 0.0
-    z = {}
-    for key, value in finite.items():
-        deviation = value - median
-        if deviation == 0:
-            z[key] = 0.0
-        elif mad > 0:
-            z[key] = 0.6745 * deviation / mad
-        elif mean_ad > 0:
-            z[key] = 0.7979 * deviation / mean_ad
-        else:
-            z[key] = math.copysign(math.inf, deviation)
-    return z
+PHASES = {"data loading": "telemetry/data_wait_s", "forward": "telemetry/forward_s",
+          "backward compute": "telemetry/backward_s", "optimizer": "telemetry/optimizer_s"}  # fmt: skip
+WAITS = ("telemetry/collectives_s", "telemetry/gradient_wait_s")
 
 
-def stragglers(
-    samples: dict[int, list[dict[str, float]]], threshold: float = 3.5, min_share: float = 0.05
-) -> set[tuple[int, str]]:
-    """``{(rank, phase)}`` flagged, from each rank's telemetry rows (``{column: seconds}``, NaN for a missing cell)."""
-    typical: dict[str, dict[int, float]] = {phase: {} for phase in VERDICT}
+@dataclass
+class Straggler:
+    phase: str
+    pattern: str
+    cost: float
+    held: int
+    rows: int
+    spans: list[tuple[int, int]] = field(default_factory=list)
+
+
+def stragglers(samples: dict[int, list[dict[str, float]]], min_share: float = 0.05) -> dict[int, Straggler]:
+    """``{rank: Straggler}`` from each rank's telemetry rows, in file order (``{"step": s, column: seconds}``, every
+    time column present, one row per step), by the rule docs/per-rank-metrics.md states."""
+    times: dict[int, dict[int, dict[str, float]]] = {}  # rank -> step -> quantity
     for rank, rows in samples.items():
-        for phase, column in VERDICT.items():
-            present = [row[column] for row in rows if column in row and not math.isnan(row[column])]
-            if present:
-                typical[phase][rank] = statistics.median(present)
-    steps = list(typical["step"].values())
-    step = statistics.median(steps) if steps else math.nan
-    flagged = set()
-    for phase, values in typical.items():
-        if not values:
-            continue
-        median = statistics.median(values.values())
-        for rank, z in robust_z(values).items():
-            if z > threshold and step > 0 and values[rank] - median >= min_share * step:
-                flagged.add((rank, phase))
-    return flagged
+        for row in rows[1:]:  # the first row is the warm-up
+            wait = sum(row[column] for column in WAITS)
+            own = row["telemetry/step_s"] - wait
+            parts = {phase: row[column] for phase, column in PHASES.items()}
+            parts["hooks and logging"] = own - sum(parts.values())
+            times.setdefault(rank, {})[int(row["step"])] = {"step": row["telemetry/step_s"], "wait": wait, "own": own,
+                                                            **parts}  # fmt: skip
+    steps = sorted({step for by_step in times.values() for step in by_step})
+    tally = {rank: {"compared": [], "held": [], "lost": 0.0, "spent": 0.0, "excess": {}} for rank in times}
+    for step in steps:
+        present = {rank: by_step[step] for rank, by_step in times.items() if step in by_step}
+        reference = statistics.median(row["step"] for row in present.values())
+        for rank, row in present.items():
+            others = [other for who, other in present.items() if who != rank]
+            if not others:
+                continue
+            waited = statistics.median(other["wait"] for other in others) - row["wait"]
+            lag = row["own"] - statistics.median(other["own"] for other in others)
+            mine = tally[rank]
+            mine["compared"].append(step)
+            mine["spent"] += reference
+            if waited >= min_share * reference and lag >= min_share * reference:
+                mine["held"].append(step)
+                mine["lost"] += min(waited, lag)
+                for phase in [*PHASES, "hooks and logging"]:
+                    excess = row[phase] - statistics.median(other[phase] for other in others)
+                    mine["excess"][phase] = mine["excess"].get(phase, 0.0) + excess
+    cost = {rank: mine["lost"] / mine["spent"] for rank, mine in tally.items() if mine["spent"] > 0}
+    found = {}
+    for rank, share in cost.items():
+        others = [other for who, other in cost.items() if who != rank]
+        mine = tally[rank]
+        if not others or share - statistics.median(others) < min_share or len(mine["held"]) < 2:
+            continue  # a rank that held the others back in one row only: a one-off
+        phase = max([*PHASES, "hooks and logging"], key=lambda name: mine["excess"][name])  # ties: the first
+        held, compared = mine["held"], mine["compared"]
+        spans: list[tuple[int, int]] = []
+        for index, step in enumerate(compared):
+            if step in held:
+                if index and compared[index - 1] in held:
+                    spans[-1] = (spans[-1][0], step)
+                else:
+                    spans.append((step, step))
+        pattern = "chronic" if len(held) > 0.5 * len(compared) else "bursts"
+        found[rank] = Straggler(phase, pattern, share, len(held), len(compared), spans)
+    return found
 
 
 def host_peaks(

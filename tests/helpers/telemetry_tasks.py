@@ -21,7 +21,7 @@ import torch.distributed as dist
 from lightning.pytorch.loggers import CSVLogger
 from torch.utils.data import DataLoader, Dataset
 
-from lightning_ext import PerRankMetrics, PolicyDDPStrategy
+from lightning_ext import PerRankMetrics, PolicyDDPStrategy, RankMetricsWarning, StragglerWarning
 
 
 class _Data(Dataset[tuple[torch.Tensor, torch.Tensor]]):
@@ -38,15 +38,32 @@ class _Data(Dataset[tuple[torch.Tensor, torch.Tensor]]):
         return torch.randn(16, generator=generator), torch.randn(1, generator=generator)
 
 
+class _HeavyBackward(torch.autograd.Function):
+    """The identity; its backward first multiplies a 128 x 128 matrix by itself ``work`` times (real computation)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, work: int) -> torch.Tensor:
+        ctx.work = work
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        matrix = torch.full((128, 128), 1.0 / 128)
+        for _ in range(ctx.work):
+            matrix = matrix @ matrix
+        return grad + 0.0 * matrix[0, 0], None
+
+
 class _Model(L.LightningModule):
-    def __init__(self, compute_delay: float) -> None:
+    def __init__(self, compute_delay: float, backward_work: int = 0) -> None:
         super().__init__()
         self.net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
         self.compute_delay = compute_delay
+        self.backward_work = backward_work
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         x, y = batch
-        loss = torch.nn.functional.mse_loss(self.net(x), y)
+        loss = torch.nn.functional.mse_loss(_HeavyBackward.apply(self.net(x), self.backward_work), y)
         if self.compute_delay:
             time.sleep(self.compute_delay)
         self.log("loss", loss, sync_dist=True)
@@ -66,15 +83,24 @@ def fit(
     every: int = 1,
     telemetry: bool = True,
     fail_memory_rank: int | None = None,
+    slow_backward: int | None = None,
+    backward_work: int = 0,
+    base: float = 0.0,
+    window: int | None = 10,
 ) -> dict[str, Any]:
-    """Fit one epoch of ``batches`` batches (batch size 2) on this rank; returns where it ran and what it warned."""
+    """Fit one epoch of ``batches`` batches (batch size 2) on this rank; returns where it ran and what it warned.
+
+    Every rank's data loading takes ``base`` seconds per batch; ``slow_backward``'s backward pass does
+    ``backward_work`` matrix products more (:class:`_HeavyBackward`); ``window``: ``PerRankMetrics.straggler_window``.
+    """
     rank = dist.get_rank()
     world = dist.get_world_size()
-    data = _Data(2 * batches * world, delay / 2 if rank == slow_data else 0.0)  # 2 samples per batch
+    data = _Data(2 * batches * world, (delay if rank == slow_data else 0.0) / 2 + base / 2)  # 2 samples per batch
+    options = PerRankMetrics(telemetry=telemetry, telemetry_every_n_steps=every, straggler_window=window)
     trainer = L.Trainer(
         accelerator="cpu",
         devices=world,
-        strategy=PolicyDDPStrategy(per_rank_metrics=PerRankMetrics(telemetry=telemetry, telemetry_every_n_steps=every)),
+        strategy=PolicyDDPStrategy(per_rank_metrics=options),
         max_epochs=1,
         logger=CSVLogger(root, name="", version="v"),
         log_every_n_steps=1,
@@ -96,14 +122,16 @@ def fit(
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            trainer.fit(_Model(delay if rank == slow_compute else 0.0), DataLoader(data, batch_size=2))
+            model = _Model(delay if rank == slow_compute else 0.0, backward_work if rank == slow_backward else 0)
+            trainer.fit(model, DataLoader(data, batch_size=2))
     finally:
         psutil.virtual_memory = original
     return {
         "log_dir": os.path.join(root, "v"),
         "host": socket.gethostname(),
         "pid": os.getpid(),
-        "warnings": [str(w.message) for w in caught if "telemetry" in str(w.message).lower()],
+        "warnings": [str(w.message) for w in caught if w.category is RankMetricsWarning],
+        "stragglers": [str(w.message) for w in caught if w.category is StragglerWarning],
     }
 
 

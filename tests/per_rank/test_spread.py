@@ -173,16 +173,18 @@ def test_every_summary_writes_nan_as_an_empty_csv_cell_and_infinity_as_inf():
         [
             {
                 "rank": 1,
-                "phase": "step",
-                "seconds": math.nan,
-                "median": 0.5,
-                "ratio": math.inf,
-                "excess_s": 0.25,
-                "share": math.nan,
-                "robust_z": -math.inf,
-                "samples": 4,
+                "phase": "forward",
+                "pattern": "bursts",
+                "cost": math.nan,
+                "waited_s": 0.5,
+                "excess_s": math.inf,
+                "seconds": 0.25,
+                "others_s": -math.inf,
+                "held": 2,
+                "rows": 4,
+                "spans": ((3, 3), (5, 7)),
             }
         ]
     )
     hosts = pd.DataFrame({"host": ["node0"]}, index=[0])  # rank 1's host unknown: an empty cell too
-    assert stragglers_csv(found, hosts).splitlines()[1] == "1,,step,,0.5,inf,0.25,,-inf,4"
+    assert stragglers_csv(found, hosts).splitlines()[1] == '1,,forward,bursts,,0.5,inf,0.25,-inf,2,4,"3, 5-7"'

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.slow
 
 DELAY = 0.04  # seconds per batch added on purpose: far above the noise of a step here (a few ms)
 BATCHES = 12
-PHASES = ["data_wait_s", "forward_s", "backward_s", "optimizer_s", "collectives_s"]
+PHASES = ["data_wait_s", "forward_s", "backward_s", "optimizer_s", "collectives_s", "gradient_wait_s"]
 GOLDEN = Path(__file__).parent / "golden"
 
 
@@ -38,11 +38,13 @@ def slowed_run(rank_pools: Any, tmp_path_factory: pytest.TempPathFactory) -> tup
 def test_the_verdict_names_each_slowed_rank_and_its_phase(slowed_run: tuple[Path, list[dict[str, Any]]]) -> None:
     log_dir, results = slowed_run
     found = find_stragglers(read_rank_metrics(log_dir))
-    assert sorted(zip(found["rank"], found["phase"])) == [(1, "data wait"), (2, "forward")]
+    assert sorted(zip(found["rank"], found["phase"], found["pattern"])) == [
+        (1, "data loading", "chronic"), (2, "forward", "chronic")
+    ]  # fmt: skip
     for record in found.itertuples():
         # how much slower: about the delay added, per batch
-        assert DELAY * 0.8 <= record.excess_s <= DELAY * 10, record  # generous above: a loaded machine adds its own
-        assert record.ratio > 3 and record.samples == BATCHES
+        assert DELAY * 0.8 <= record.excess_s <= DELAY * 3, record
+        assert record.rows == BATCHES - 1  # the first row, the warm-up, is left out
     assert all(result["warnings"] == [] for result in results)
 
 
@@ -50,11 +52,11 @@ def test_the_command_gives_the_same_verdict(slowed_run: tuple[Path, list[dict[st
     log_dir, _ = slowed_run
     assert main(["ranks", str(log_dir), "--stragglers", "--format", "json"]) == 0
     document = json.loads(capsys.readouterr().out)
-    assert sorted((s["rank"], s["phase"]) for s in document["stragglers"]) == [(1, "data wait"), (2, "forward")]
+    assert sorted((s["rank"], s["phase"]) for s in document["stragglers"]) == [(1, "data loading"), (2, "forward")]
     assert {s["host"] for s in document["stragglers"]} == {socket.gethostname()}
     assert main(["ranks", str(log_dir), "--stragglers"]) == 0
     text = capsys.readouterr().out
-    assert "stragglers (2 rank(s)):" in text and "data wait" in text and "forward" in text
+    assert "stragglers (2 rank(s)), the costliest first:" in text and "data loading" in text and "forward" in text
     assert "memory, the most loaded host: host " + socket.gethostname() in text
 
 
