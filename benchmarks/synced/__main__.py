@@ -12,6 +12,7 @@ import socket
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,8 @@ def _session(world_size: int, values: list[int], steps: int, repeats: int, timeo
         port = sock.getsockname()[1]
         sock.close()
         args = (world_size, port, values, steps, repeats, work)
-        context = start_processes(rank_main, args=args, nprocs=world_size, join=False, start_method="spawn")
+        start: Callable[..., Any] = start_processes  # untyped in torch
+        context = start(rank_main, args=args, nprocs=world_size, join=False, start_method="spawn")
         deadline = time.monotonic() + timeout_s
         while not context.join(timeout=1.0):
             if time.monotonic() > deadline:

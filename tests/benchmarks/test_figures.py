@@ -41,6 +41,7 @@ def test_a_changed_result_makes_the_docs_stale_and_missed_is_said_as_missed(tmp_
         results.syncs,
         results.records,
         results.stalls,
+        results.synced,
     )
     assert rendered(readme, changed) != readme and "99.0 µs" in rendered(readme, changed)
     with pytest.raises(KeyError):
