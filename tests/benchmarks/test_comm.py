@@ -53,7 +53,7 @@ ROW_KEYS = {"backend", "device", "world_size", "subject", "median_us", "p90_us",
 def smoke(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
     """One ``--smoke`` run of the whole command, in a subprocess, as CI runs it."""
     out = tmp_path_factory.mktemp("bench")
-    process = run_benchmark_smoke("benchmarks.comm", out, timeout=150)
+    process = run_benchmark_smoke("benchmarks.comm", out, timeout=360)  # about 3 minutes on a loaded 2-core machine
     return out, process
 
 
@@ -67,7 +67,7 @@ def test_the_policies_measured_are_the_built_in_ones() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(200)
+@pytest.mark.timeout(420)
 def test_smoke_run_writes_json_markdown_and_png(smoke: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
     out, process = smoke
     assert sorted(path.name for path in out.iterdir()) == ["smoke.json", "smoke.md", "smoke.png"]
@@ -80,7 +80,7 @@ def test_smoke_run_writes_json_markdown_and_png(smoke: tuple[Path, subprocess.Co
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(200)
+@pytest.mark.timeout(420)
 def test_smoke_reports_the_cost_of_one_per_rank_row(smoke: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
     document = _document(smoke[0])
     (cost,) = document["per_rank_cost"]
@@ -101,7 +101,7 @@ def test_smoke_reports_the_cost_of_one_per_rank_row(smoke: tuple[Path, subproces
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(200)
+@pytest.mark.timeout(420)
 def test_smoke_reports_the_cost_of_one_decision_record_row(
     smoke: tuple[Path, subprocess.CompletedProcess[str]],
 ) -> None:
@@ -114,7 +114,7 @@ def test_smoke_reports_the_cost_of_one_decision_record_row(
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(200)
+@pytest.mark.timeout(420)
 def test_smoke_reports_the_stall_reports_cost_per_step(smoke: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
     document = _document(smoke[0])
     (cost,) = document["stall_cost"]
@@ -125,7 +125,7 @@ def test_smoke_reports_the_stall_reports_cost_per_step(smoke: tuple[Path, subpro
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(200)
+@pytest.mark.timeout(420)
 def test_smoke_times_the_barrier_and_the_check_that_replaces_it(
     smoke: tuple[Path, subprocess.CompletedProcess[str]],
 ) -> None:
@@ -143,7 +143,7 @@ def test_smoke_times_the_barrier_and_the_check_that_replaces_it(
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(200)
+@pytest.mark.timeout(420)
 def test_smoke_rows_have_the_schema_and_every_subject(smoke: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
     document = _document(smoke[0])
     meta = document["metadata"]
@@ -165,7 +165,7 @@ def test_smoke_rows_have_the_schema_and_every_subject(smoke: tuple[Path, subproc
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(200)
+@pytest.mark.timeout(420)
 def test_smoke_collectives_are_counted(smoke: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
     document = _document(smoke[0])
     rows = [row for row in document["rows"] if row["device"] == "cpu"]
