@@ -135,13 +135,18 @@ class PolicyStrategyMixin(_Strategy):
             self._flush_rank_files,
             stall_options,
             preemption,
-            # around a hang check's exchange, where this rank waits for the others: telemetry's collectives
-            lambda: step_timer.timing(self._step_timer, step_timer.COLLECTIVES),
+            # around a hang check's exchange, where this rank waits for the others: telemetry's collectives (a
+            # bound method, not a lambda: the strategy is pickled to each rank under start_method="spawn")
+            self._timing_collectives,
         )
         self._decision_record = options.decision_record
         self.decision_file: DecisionFile | None = None  # rank 0's record, during a run
         self._log_sync = options.log_sync
         self._sync_queue: SyncQueue | None = None  # the synced logged values held until their hook ends, during a run
+
+    def _timing_collectives(self) -> step_timer.timing:
+        """Time what runs inside as telemetry's collectives (nothing while telemetry is off)."""
+        return step_timer.timing(self._step_timer, step_timer.COLLECTIVES)
 
     @classmethod
     def _check_buildable(cls) -> None:

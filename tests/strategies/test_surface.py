@@ -407,3 +407,12 @@ def test_subclass_of_a_ready_strategy_is_accepted() -> None:
         pass
 
     assert MyFSDP(checkpoint_policy="any").checkpoint_policy == AnyRank()
+
+
+def test_a_strategy_pickles_as_start_method_spawn_sends_it_to_each_rank() -> None:
+    """``start_method="spawn"`` pickles the strategy (with the trainer) to each rank: no lambda may hide in it."""
+    import pickle
+
+    strategy = lightning_ext.PolicyDDPStrategy(start_method="spawn", checkpoint_policy="all")
+    copy = pickle.loads(pickle.dumps(strategy))
+    assert type(copy) is lightning_ext.PolicyDDPStrategy and copy.checkpoint_policy == strategy.checkpoint_policy
