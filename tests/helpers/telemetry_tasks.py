@@ -24,9 +24,17 @@ from torch.utils.data import DataLoader, Dataset
 from lightning_ext import PerRankMetrics, PolicyDDPStrategy, RankMetricsWarning, StragglerWarning
 
 
+def _compute(work: int) -> float:
+    """Multiply a 128 x 128 matrix by itself ``work`` times (real computation, not a sleep)."""
+    matrix = torch.full((128, 128), 1.0 / 128)
+    for _ in range(work):
+        matrix = matrix @ matrix
+    return float(matrix[0, 0])
+
+
 class _Data(Dataset[tuple[torch.Tensor, torch.Tensor]]):
-    def __init__(self, size: int, delay: float) -> None:
-        self.size, self.delay = size, delay
+    def __init__(self, size: int, delay: float, work: int = 0) -> None:
+        self.size, self.delay, self.work = size, delay, work
 
     def __len__(self) -> int:
         return self.size
@@ -34,6 +42,7 @@ class _Data(Dataset[tuple[torch.Tensor, torch.Tensor]]):
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         if self.delay:
             time.sleep(self.delay)
+        _compute(self.work)
         generator = torch.Generator().manual_seed(index)
         return torch.randn(16, generator=generator), torch.randn(1, generator=generator)
 
@@ -48,21 +57,35 @@ class _HeavyBackward(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        matrix = torch.full((128, 128), 1.0 / 128)
-        for _ in range(ctx.work):
-            matrix = matrix @ matrix
-        return grad + 0.0 * matrix[0, 0], None
+        return grad + 0.0 * _compute(ctx.work), None
+
+
+class _HeavySGD(torch.optim.SGD):
+    """SGD whose step first computes ``work`` matrix products (real computation in the optimizer phase)."""
+
+    def __init__(self, params: Any, work: int) -> None:
+        super().__init__(params, lr=0.01)
+        self.work = work
+
+    def step(self, closure: Any = None) -> Any:
+        loss = super().step(closure)  # the closure (forward, backward) first, as Lightning's automatic optimization
+        _compute(self.work)
+        return loss
 
 
 class _Model(L.LightningModule):
-    def __init__(self, compute_delay: float, backward_work: int = 0) -> None:
+    def __init__(
+        self, compute_delay: float, backward_work: int = 0, forward_work: int = 0, optimizer_work: int = 0
+    ) -> None:
         super().__init__()
+        self.forward_work, self.optimizer_work = forward_work, optimizer_work
         self.net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
         self.compute_delay = compute_delay
         self.backward_work = backward_work
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         x, y = batch
+        x = x + 0.0 * _compute(self.forward_work)
         loss = torch.nn.functional.mse_loss(_HeavyBackward.apply(self.net(x), self.backward_work), y)
         if self.compute_delay:
             time.sleep(self.compute_delay)
@@ -70,7 +93,7 @@ class _Model(L.LightningModule):
         return loss
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.SGD(self.parameters(), lr=0.01)
+        return _HeavySGD(self.parameters(), self.optimizer_work)
 
 
 def fit(
@@ -87,15 +110,22 @@ def fit(
     backward_work: int = 0,
     base: float = 0.0,
     window: int | None = 10,
+    work_rank: int | None = None,
+    work_phase: str = "",
+    work: int = 0,
 ) -> dict[str, Any]:
     """Fit one epoch of ``batches`` batches (batch size 2) on this rank; returns where it ran and what it warned.
 
     Every rank's data loading takes ``base`` seconds per batch; ``slow_backward``'s backward pass does
     ``backward_work`` matrix products more (:class:`_HeavyBackward`); ``window``: ``PerRankMetrics.straggler_window``.
+    ``work_rank`` computes ``work`` matrix products more per batch in ``work_phase`` (``"data"``, ``"forward"``,
+    ``"backward"`` or ``"optimizer"``).
     """
     rank = dist.get_rank()
     world = dist.get_world_size()
-    data = _Data(2 * batches * world, (delay if rank == slow_data else 0.0) / 2 + base / 2)  # 2 samples per batch
+    heavy = {work_phase: work} if rank == work_rank else {}
+    data = _Data(2 * batches * world, (delay if rank == slow_data else 0.0) / 2 + base / 2,  # 2 samples per batch
+                 heavy.get("data", 0) // 2)  # fmt: skip
     options = PerRankMetrics(telemetry=telemetry, telemetry_every_n_steps=every, straggler_window=window)
     trainer = L.Trainer(
         accelerator="cpu",
@@ -122,7 +152,12 @@ def fit(
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            model = _Model(delay if rank == slow_compute else 0.0, backward_work if rank == slow_backward else 0)
+            model = _Model(
+                delay if rank == slow_compute else 0.0,
+                (backward_work if rank == slow_backward else 0) + heavy.get("backward", 0),
+                heavy.get("forward", 0),
+                heavy.get("optimizer", 0),
+            )
             trainer.fit(model, DataLoader(data, batch_size=2))
     finally:
         psutil.virtual_memory = original

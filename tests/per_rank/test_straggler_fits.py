@@ -67,3 +67,16 @@ def test_no_rank_slow_names_no_straggler_and_warns_of_none(rank_pools: Any, tmp_
     results = rank_pools(world).run(TASK, (str(tmp_path),), timeout=300, base=0.03, delay=0.0, batches=24, every=2)
     assert _verdict(results[0]["log_dir"]) == []
     assert all(result["stragglers"] == [] for result in results)
+
+
+@pytest.mark.parametrize(
+    ("phase", "named"),
+    [("data", "data loading"), ("forward", "forward"), ("backward", "backward compute"), ("optimizer", "optimizer")],
+)
+def test_two_ranks_one_slower_by_computation_in_a_phase_is_named_with_it_and_rank_0_is_not(
+    rank_pools: Any, tmp_path: Any, phase: str, named: str
+) -> None:
+    """Rank 1 computes 300 more matrix products per batch (tens of ms here) in one phase; rank 0 only waits for it."""
+    results = rank_pools(2).run(TASK, (str(tmp_path),), timeout=300, delay=0.0, batches=16, work_rank=1,
+                                work_phase=phase, work=300)  # fmt: skip
+    assert _verdict(results[0]["log_dir"]) == [(1, named, "chronic")]
