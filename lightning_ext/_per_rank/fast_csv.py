@@ -98,7 +98,10 @@ def parse_pieces(split: SplitFile, columns: Sequence[str], engine: str) -> list[
     """:func:`parse`, each column in the pieces the engine made (pyarrow: one per block; no copy to join them)."""
     if split.start == split.end:
         return [[np.empty(0, dtype=np.int64 if name == STEP else np.float64)] for name in columns]
-    if split.data.find(b'"', split.start, split.end) < 0:
+    data, start, end = split.data, split.start, split.end
+    # no quote, and no carriage return but the line ends' (the engines take a bare one for a line end; the checks
+    # refuse it): else the row-by-row checks decide
+    if data.find(b'"', start, end) < 0 and data.count(b"\r", start, end) == data.count(b"\r\n", start, end):
         try:
             return _pyarrow(split, columns) if engine == "pyarrow" else [[c] for c in _pandas(split, columns)]
         except _Unusual:

@@ -271,3 +271,11 @@ def test_property_the_fast_path_returns_what_the_exact_path_returns(cells, engin
     fast = _fast_csv.parse(layout, ["step", "a", "b"], engine)
     assert [array.dtype for array in fast] == [array.dtype for array in exact]
     assert [array.tobytes() for array in fast] == [array.tobytes() for array in exact]
+
+
+@pytest.mark.parametrize("engine", ["pyarrow", "pandas"] if HAS_PYARROW else ["pandas"])
+def test_a_bare_carriage_return_in_a_cell_is_refused_by_the_fast_path_as_by_the_checks(engine: str) -> None:
+    """Found by the property above: pyarrow took a lone ``\\r`` for a line end and returned a row."""
+    layout = _fast_csv.split_file(b"a,b,step\r\n\r,,0\r\n", "f.csv")
+    with pytest.raises(RankMetricsError, match=r"^f\.csv, line 2: expected 3 fields, saw 0$"):
+        _fast_csv.parse(layout, ["step", "a", "b"], engine)
