@@ -48,7 +48,7 @@ def test_two_ranks_the_slow_loader_is_named_with_its_data_loading(rank_pools: An
 
 
 def test_four_ranks_a_slower_backward_computation_is_named(rank_pools: Any, tmp_path: Any) -> None:
-    results = rank_pools(4).run(TASK, (str(tmp_path),), timeout=300, slow_backward=2, backward_work=300, batches=16,
+    results = rank_pools(4).run(TASK, (str(tmp_path),), timeout=300, slow_backward=2, backward_work=1000, batches=16,
                                 delay=0.0)  # fmt: skip
     table = read_rank_metrics(results[0]["log_dir"])
     found = find_stragglers(table)
