@@ -3,10 +3,13 @@
 import statistics
 from typing import Any
 
+from benchmarks.helpers.host_syncs import HOST_SYNC
+
 __all__ = ["LIMITS", "markdown", "summarize"]
 
 LIMITS = {1: 0.95, 5: 0.6, 20: 0.35}  # the defaults' median step time against stock's, by synced values per step
 CHECK = "check"  # lightning-ext's hang checks, on gloo groups of their own (not the training group)
+NOT_CALLS = (CHECK, HOST_SYNC)  # counted per step beside the training group's calls
 
 
 def _ratios(step_ns: dict[str, list[list[int]]], subject: str, stock: str) -> list[float]:
@@ -17,9 +20,9 @@ def _ratios(step_ns: dict[str, list[list[int]]], subject: str, stock: str) -> li
     ]
 
 
-def summarize(sessions: dict[int, dict[str, Any]]) -> dict[str, Any]:
+def summarize(sessions: dict[int, dict[str, Any]], device: str = "cpu") -> dict[str, Any]:
     """``{"rows": [...], "targets": [...]}`` from each world size's measurements
-    (:func:`benchmarks.synced.fits.measure`)."""
+    (:func:`benchmarks.synced.fits.measure`) on ``device``."""
     rows, targets = [], []
     for world_size, found in sorted(sessions.items()):
         for subject, steps in found["step_ns"].items():
@@ -33,15 +36,16 @@ def summarize(sessions: dict[int, dict[str, Any]]) -> dict[str, Any]:
                     "config": config,
                     "step_ms": statistics.median(t for fit in steps for t in fit) / 1e6,
                     "ratio": {"median": statistics.median(ratios), "low": min(ratios), "high": max(ratios)},
-                    "training_group_calls": sum(n for op, n in calls.items() if op != CHECK),
+                    "training_group_calls": sum(n for op, n in calls.items() if op not in NOT_CALLS),
                     "checks": calls.get(CHECK, 0.0),
-                    "calls": calls,
+                    "host_syncs": calls.get(HOST_SYNC, 0.0),
+                    "calls": {op: n for op, n in calls.items() if op != HOST_SYNC},
                 }
             )
     for row in rows:
         if row["config"] != "defaults":
             continue
-        where = f"W={row['world_size']}, {row['values']} synced value(s)"
+        where = f"W={row['world_size']}{' on cuda' if device == 'cuda' else ''}, {row['values']} synced value(s)"
         limit = LIMITS.get(row["values"])
         if limit is not None:
             value = row["ratio"]["median"]
@@ -57,8 +61,8 @@ def table(results: dict[str, Any]) -> str:
     """The Markdown table of every row: step time, ratio to stock, calls per step."""
     lines = [
         "| ranks | synced values | configuration | median step | ratio to stock (lowest-highest round) |"
-        " training-group calls per step | checks per step |",
-        "|---:|---:|---|---:|---:|---:|---:|",
+        " training-group calls per step | checks per step | host syncs per step |",
+        "|---:|---:|---|---:|---:|---:|---:|---:|",
     ]
     for row in results["rows"]:
         ratio = row["ratio"]
@@ -66,9 +70,13 @@ def table(results: dict[str, Any]) -> str:
         lines.append(
             f"| {row['world_size']} | {row['values']} | `{row['config']}` | {row['step_ms']:.1f} ms"
             f" | {ratio['median']:.3f} ({ratio['low']:.2f}-{ratio['high']:.2f})"
-            f" | {row['training_group_calls']:g} ({calls}) | {row['checks']:g} |"
+            f" | {row['training_group_calls']:g} ({calls}) | {row['checks']:g} | {_host_syncs(row)} |"
         )
     return "\n".join(lines)
+
+
+def _host_syncs(row: dict[str, Any]) -> str:
+    return f"{row['host_syncs']:g}" if "host_syncs" in row else "not counted"
 
 
 def target_lines(results: dict[str, Any]) -> str:
@@ -85,9 +93,11 @@ def markdown(results: dict[str, Any]) -> str:
     """The results' Markdown page."""
     meta = results["metadata"]
     counts = meta["counts"]
+    on_gpu = meta.get("device") == "cuda"
+    ranks = "ranks sharing one GPU (NCCL at 1 rank, gloo at more)" if on_gpu else "gloo on CPU ranks"
     return (
         f"# Synced logging: coalesced against stock ({meta['machine']}, {meta['date'][:10]})\n\n"
-        f"`python -m benchmarks.synced`{' --smoke' if meta['smoke'] else ''}: gloo on CPU ranks,"
+        f"`python -m benchmarks.synced`{' --device cuda' * on_gpu}{' --smoke' if meta['smoke'] else ''}: {ranks},"
         f" {counts['repeats']} round(s) of {counts['steps']} timed steps per fit, every fit once per round in a"
         f" seeded random order; load average before: {meta['load_average_before']}; {meta['seconds']} s;"
         f" torch {meta['torch']}. Ratios are each round's median step against stock's in the same round.\n\n"

@@ -126,35 +126,19 @@ def fit(root: str, program: dict[str, Any], stock: bool, strategy_options: dict[
     }
 
 
-class _SyncCounter:
-    """Counts the calls that make the host wait for a device (``aten._local_scalar_dense``: ``item``, ``tolist``, a
-    tensor's truth value) under a ``TorchDispatchMode``, from one ``on_train_batch_end`` to a later one."""
-
-    def __init__(self) -> None:
-        from torch.utils._python_dispatch import TorchDispatchMode
-
-        counter = self
-
-        class Mode(TorchDispatchMode):
-            def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-                if func is torch.ops.aten._local_scalar_dense.default:
-                    counter.count += 1
-                return func(*args, **(kwargs or {}))
-
-        self.mode, self.count = Mode(), 0
-
-
 class CountingCallback(L.Callback):
     """Counts the host-device synchronizations of every training step from batch ``first`` to batch ``last``."""
 
     def __init__(self, first: int, last: int) -> None:
-        self.first, self.last, self.counter = first, last, _SyncCounter()
+        from benchmarks.helpers.host_syncs import count_host_syncs
+
+        self.first, self.last, self.counting = first, last, count_host_syncs()
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         if batch_idx == self.first:
-            self.counter.mode.__enter__()
+            self.counting.__enter__()
         elif batch_idx == self.last:
-            self.counter.mode.__exit__(None, None, None)
+            self.counting.__exit__(None, None, None)
 
 
 class FiveValues(L.LightningModule):
@@ -174,26 +158,46 @@ class FiveValues(L.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.01)
 
 
-def host_syncs_per_step(stock: bool, strategy_options: dict[str, Any] | None = None) -> float:
-    """The host-device synchronizations per training step of a fit that logs five synced values per step."""
+def host_syncs_per_step(stock: bool, strategy_options: dict[str, Any] | None = None, device: str = "cpu") -> float:
+    """The host-device synchronizations per training step of a fit that logs five synced values per step.
+
+    ``device="cuda"``: every rank trains on ``cuda:0`` (one lent GPU), the pool's gloo group all-reducing CUDA tensors;
+    each rank is then a one-device node to Lightning (``num_nodes`` ranks, ``NODE_RANK`` its rank).
+    """
     from lightning_ext import PolicyDDPStrategy
 
-    first, last = 2, 12
-    counting = CountingCallback(first, last)
-    trainer = L.Trainer(
-        accelerator="cpu",
-        devices=dist.get_world_size(),
-        strategy="ddp" if stock else PolicyDDPStrategy(**(strategy_options or {})),
-        max_steps=last + 2,
-        logger=False,
-        callbacks=[counting],
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
-    # every rank's epoch outlasts the counted steps at any world size up to 4 (no epoch end's syncs among them)
-    trainer.fit(FiveValues(), DataLoader(TensorDataset(torch.randn(32 * dist.get_world_size(), 2)), batch_size=2))
-    return counting.counter.count / (last - first)
+    world = dist.get_world_size()
+    layout: dict[str, Any] = {"accelerator": "cpu", "devices": world}
+    environment = {}
+    if device == "cuda":
+        layout = {"accelerator": "gpu", "devices": [0], "num_nodes": world}
+        environment = {"NODE_RANK": str(dist.get_rank()), "LOCAL_RANK": "0"}
+    saved = {name: os.environ.get(name) for name in environment}
+    os.environ.update(environment)
+    try:
+        first, last = 2, 12
+        counting = CountingCallback(first, last)
+        trainer = L.Trainer(
+            **layout,
+            strategy="ddp" if stock else PolicyDDPStrategy(**(strategy_options or {})),
+            max_steps=last + 2,
+            logger=False,
+            callbacks=[counting],
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+        )
+        # every rank's epoch outlasts the counted steps at any world size up to 4 (no epoch end's syncs among them)
+        trainer.fit(FiveValues(), DataLoader(TensorDataset(torch.randn(32 * world, 2)), batch_size=2))
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+    from benchmarks.helpers.host_syncs import HOST_SYNC
+
+    return counting.counting.counts[HOST_SYNC] / (last - first)
 
 
 class NValues(L.LightningModule):
