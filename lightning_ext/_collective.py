@@ -7,13 +7,16 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, Protocol
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import PrefixStore, TCPStore
 
 __all__ = [
+    "CARRY_BYTES",
+    "Carried",
     "CheckChannel",
     "CheckExchange",
     "RankGroup",
@@ -24,6 +27,7 @@ __all__ = [
     "gather_in_store",
     "gather_rows",
     "is_communication_failure",
+    "is_gloo",
     "is_initialized",
     "is_world",
     "lightning_barrier_skipped",
@@ -36,6 +40,8 @@ __all__ = [
 _STORE_TIMEOUT = timedelta(minutes=30)
 _GATHER_TIMEOUT = timedelta(seconds=60)
 _ALL_TO_ALL = dist.AllToAllOptions()
+CARRY_BYTES = 512  # what a check message carries beside its (min, max): a hook's step values (``_sync/carried.py``)
+_SLOTS = 2 + CARRY_BYTES // 8  # int64 slots of one rank's half of a round's message: (low, high), then the carried
 
 
 @dataclass(frozen=True)
@@ -86,6 +92,11 @@ def all_gather_objects(obj: Any, ranks: RankGroup) -> list[Any]:
     return gathered
 
 
+def is_gloo() -> bool:
+    """Whether the default process group is gloo's (where Lightning's mean is a sum divided by the world size)."""
+    return bool(is_initialized() and dist.get_backend() == "gloo")
+
+
 def is_initialized() -> bool:
     """Whether the default process group exists (and has not been torn down)."""
     return bool(dist.is_available() and dist.is_initialized())
@@ -94,6 +105,17 @@ def is_initialized() -> bool:
 def is_world(group: Any) -> bool:
     """Whether ``group`` means every rank: ``None`` (the default group) or ``torch.distributed.group.WORLD``."""
     return group is None or (is_initialized() and group is dist.group.WORLD)
+
+
+class Carried(Protocol):
+    """Values that ride a check (the coalesced sync's step values, ``_sync/carried.py``), reduced over every rank as
+    the check's rounds pass them on: no collective of their own."""
+
+    data: "np.ndarray[Any, np.dtype[np.uint8]]"  # CARRY_BYTES: this rank's running values, sent in every round
+
+    def combine(self, theirs: "np.ndarray[Any, np.dtype[np.uint8]]", first: bool) -> None:
+        """Reduce ``theirs`` (a partner's running values) into :attr:`data`; ``first``: this rank's operand comes first
+        (the lower rank's does, so both partners compute the same bits)."""
 
 
 class CheckChannel:
@@ -107,6 +129,10 @@ class CheckChannel:
     two-rank gloo group of its own, created through the store by the two ranks alone, apart from the training group:
     a check can never pair with a collective of the training group.
 
+    Every message has the same size, :data:`CARRY_BYTES` more than the ``(min, max)``: a check may carry values
+    (:class:`Carried`), which the rounds reduce as they reduce the ``(min, max)`` (a recursive-doubling all-reduce), so
+    a hook's step values sync within their check. They are read only where the check agreed.
+
     Args:
         store: the training thread's store client under the run's namespace (the pairs meet through it).
         rank: this rank.
@@ -117,6 +143,7 @@ class CheckChannel:
     def __init__(self, store: Any, rank: int, world_size: int) -> None:
         self.rank, self.world_size = rank, world_size
         self.rounds = exchange_partners(rank, world_size)
+        self.roles = _roles(rank, world_size)
         self._groups: dict[int, Any] = {}
         for partner in dict.fromkeys(self.rounds):
             low, high = sorted((rank, partner))
@@ -127,24 +154,29 @@ class CheckChannel:
         # a round's buffers are free once its work completed.
         self._buffers: _Buffers | None = _check_buffers()
 
-    def start(self, value: int) -> "CheckExchange":
-        """Start passing ``value``; the returned exchange completes once every round has."""
-        return CheckExchange(self, value)
+    def start(self, value: int, carried: Carried | None = None) -> "CheckExchange":
+        """Start passing ``value`` (and ``carried``); the returned exchange completes once every round has."""
+        return CheckExchange(self, value, carried)
 
     def fill(self) -> None:
         """Play this rank's part in a check it never started (its peers wait in it); nothing is read back."""
         self._buffers = None  # a round started here may still be in flight later: fresh buffers from now on
-        exchange = CheckExchange(self, 0)
+        exchange = CheckExchange(self, 0, None)
         exchange.abandon()
 
     def close(self) -> None:
         """Drop the pair groups (their connections close)."""
         self._groups.clear()
 
-    def _swap(self, partner: int, low: int, high: int) -> tuple[Any, Any]:
-        """Send ``(low, high)`` to ``partner``; returns what receives the partner's (a numpy view) and the work."""
+    def _swap(self, partner: int, low: int, high: int, carried: Carried | None) -> tuple[Any, Any]:
+        """Send ``(low, high)`` and the carried values to ``partner``; returns what receives the partner's (a numpy
+        view) and the work."""
         sent, received, sent_view, received_view = self._buffers or _check_buffers()
-        sent_view[:] = (low, high, low, high)
+        sent_view[0], sent_view[1], sent_view[_SLOTS], sent_view[_SLOTS + 1] = low, high, low, high
+        if carried is not None:
+            payload = sent_view.view(np.uint8)
+            payload[16 : 8 * _SLOTS] = carried.data
+            payload[8 * _SLOTS + 16 :] = carried.data
         work = self._groups[partner].alltoall_base(received, sent, [], [], _ALL_TO_ALL)
         return received_view, work
 
@@ -152,11 +184,12 @@ class CheckChannel:
 class CheckExchange:
     """One check in flight on a :class:`CheckChannel`: its rounds are started one after the other by :meth:`wait`."""
 
-    def __init__(self, channel: CheckChannel, value: int) -> None:
+    def __init__(self, channel: CheckChannel, value: int, carried: Carried | None) -> None:
         self.channel = channel
         self.low = self.high = value
+        self.carried = carried
         self._round = 0
-        self._pending: tuple[int, torch.Tensor, Any] | None = None
+        self._pending: tuple[int, Any, Any] | None = None
         self._start_round()
 
     @property
@@ -180,9 +213,10 @@ class CheckExchange:
             except RuntimeError:
                 self.channel._buffers = None  # the failed round's buffers are not reused
                 raise
-            index = 0 if partner < self.channel.rank else 2
-            theirs_low, theirs_high = received.tolist()[index : index + 2]
-            self.low, self.high = min(self.low, theirs_low), max(self.high, theirs_high)
+            half = 0 if partner < self.channel.rank else _SLOTS
+            self.low, self.high = min(self.low, int(received[half])), max(self.high, int(received[half + 1]))
+            if self.carried is not None:
+                self._carry(received.view(np.uint8)[8 * half + 16 : 8 * (half + _SLOTS)], partner)
             self._round += 1
             self._start_round()
         return True
@@ -194,8 +228,17 @@ class CheckExchange:
         while self._round < len(rounds):
             self._round += 1
             if self._round < len(rounds):
-                self.channel._swap(rounds[self._round], 0, 0)
+                self.channel._swap(rounds[self._round], 0, 0, None)
         self._pending = None
+
+    def _carry(self, theirs: Any, partner: int) -> None:
+        """Fold a partner's carried values into this rank's, as this round's role says."""
+        assert self.carried is not None
+        role = self.channel.roles[self._round]
+        if role == _COMBINE:
+            self.carried.combine(theirs, first=self.channel.rank < partner)
+        elif role == _TAKE:
+            self.carried.data[:] = theirs
 
     def _start_round(self) -> None:
         rounds = self.channel.rounds
@@ -203,17 +246,39 @@ class CheckExchange:
             self._pending = None
             return
         partner = rounds[self._round]
-        self._pending = (partner, *self.channel._swap(partner, self.low, self.high))
+        self._pending = (partner, *self.channel._swap(partner, self.low, self.high, self.carried))
 
 
 _Buffers = tuple[torch.Tensor, torch.Tensor, Any, Any]
+_COMBINE, _SEND, _TAKE = "combine", "send", "take"  # what a round does with the partner's carried values
 
 
 def _check_buffers() -> _Buffers:
-    """What a round sends and receives, ``(low, high)`` twice (int64, on the CPU whatever the default device), and
-    their numpy views."""
-    sent, received = torch.empty(4, dtype=torch.int64, device="cpu"), torch.empty(4, dtype=torch.int64, device="cpu")
+    """What a round sends and receives, a half per rank of the pair (int64, on the CPU whatever the default device),
+    and their numpy views."""
+    sent = torch.zeros(2 * _SLOTS, dtype=torch.int64, device="cpu")
+    received = torch.zeros(2 * _SLOTS, dtype=torch.int64, device="cpu")
     return sent, received, sent.numpy(), received.numpy()
+
+
+def _roles(rank: int, world_size: int) -> list[str]:
+    """What each round of :func:`exchange_partners` does with the partner's carried values.
+
+    A rank beyond the largest power of two sends its values, then takes the result; its partner folds them in first
+    and ignores what they send back last; the butterfly's rounds combine.
+
+    Example:
+        >>> _roles(0, 4), _roles(2, 3), _roles(0, 3), _roles(1, 3)
+        (['combine', 'combine'], ['send', 'take'], ['combine', 'combine', 'send'], ['combine'])
+
+    """
+    rounds = exchange_partners(rank, world_size)
+    power = _largest_power(world_size)
+    if rank >= power:
+        return [_SEND, _TAKE]
+    if rank + power < world_size:
+        return [_COMBINE] * (len(rounds) - 1) + [_SEND]
+    return [_COMBINE] * len(rounds)
 
 
 def exchange_partners(rank: int, world_size: int) -> list[int]:
@@ -224,14 +289,20 @@ def exchange_partners(rank: int, world_size: int) -> list[int]:
         ([1, 2], [0, 0], [2, 1, 2])
 
     """
-    power = 1
-    while power * 2 <= world_size:
-        power *= 2
+    power = _largest_power(world_size)
     if rank >= power:  # fold into a partner, take the result back
         return [rank - power, rank - power]
     butterfly = [rank ^ distance for distance in _powers_below(power)]
     extra = rank + power
     return [extra, *butterfly, extra] if extra < world_size else butterfly
+
+
+def _largest_power(world_size: int) -> int:
+    """The largest power of two not above ``world_size``: the ranks of the butterfly."""
+    power = 1
+    while power * 2 <= world_size:
+        power *= 2
+    return power
 
 
 def _powers_below(limit: int) -> list[int]:

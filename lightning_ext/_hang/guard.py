@@ -181,12 +181,14 @@ class HangGuard:
         finally:
             recorder.checked = False
 
-    def check_pack(self, metrics: list[Any], phase: str) -> None:
+    def check_pack(self, metrics: list[Any], phase: str, carried: _collective.Carried | None = None) -> bool:
         """Before the coalesced sync of ``metrics``' ``phase`` values: a hook's step values are checked together (an
-        epoch round's were checked when the round started)."""
+        epoch round's were checked when the round started). Returns whether the check carried ``carried``."""
         checks = logs.active()
-        if self.lockstep is not None and checks is not None and phase == "step":
-            logs.check_pack(checks, metrics)
+        if self.lockstep is None or checks is None or phase != "step":
+            return False
+        logs.check_pack(checks, metrics, carried)
+        return carried is not None
 
     @contextlib.contextmanager
     def without_barrier(self) -> Iterator[None]:

@@ -54,10 +54,14 @@ class Lockstep:
         self.waiting: Callable[[], AbstractContextManager[None]] = nullcontext
         watchdog.on_error = self.complete_pending
 
-    def agree(self, point: Point, position: int = 0, label: Label = "") -> bool:
+    def agree(
+        self, point: Point, position: int = 0, label: Label = "", carried: _collective.Carried | None = None
+    ) -> bool:
         """Whether every rank is at the same point (and ``position``, e.g. the batch). Raises a posted error.
 
         ``label`` says ``position`` for people, on the error paths only (a string, or a function that returns one).
+        ``carried``: values that ride the check, reduced over every rank when it completes (read them only if the
+        ranks agreed).
         """
         posted = self.watchdog.posted()
         if posted is not None:
@@ -68,7 +72,7 @@ class Lockstep:
         with self.waiting():
             with self._lock:
                 self.count += 1
-                exchange = self.channel.start(fingerprint)
+                exchange = self.channel.start(fingerprint, carried)
             recorder.check_since = time.monotonic()
             recorder.check = (self.count, point.where)
             try:
@@ -83,7 +87,9 @@ class Lockstep:
             raise_record(posted)
         return exchange.agreed
 
-    def require(self, point: Point, position: int = 0, label: Label = "") -> None:
+    def require(
+        self, point: Point, position: int = 0, label: Label = "", carried: _collective.Carried | None = None
+    ) -> None:
         """Check ``point``; if the ranks differ, raise the same error, naming every rank's point, on every rank.
 
         Args:
@@ -91,9 +97,10 @@ class Lockstep:
             position: where in the run it does it (the batch number of a step value), part of what must agree.
             label: ``position`` for people (``"batch_idx 3 of training"``), added to the point's description on the
                 error paths; a function is called only there.
+            carried: values that ride the check, reduced over every rank once it returns.
 
         """
-        if not self.agree(point, position, label):
+        if not self.agree(point, position, label, carried):
             self.fail_jointly(describe_divergence(self.gather(labelled(point, position, label))))
 
     def gather(self, point: Point) -> list[Point]:

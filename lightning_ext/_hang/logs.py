@@ -7,6 +7,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from lightning_ext import _collective
 from lightning_ext._hang.lockstep import Lockstep
 from lightning_ext._hang.points import Point, collective_point
 from lightning_ext._hang.sites import called_as
@@ -143,15 +144,16 @@ def check_reduce(checks: LogChecks, tensor: Any, reduce_op: Any) -> None:
         checks.lockstep.require(point, -_round(checks, None)[1], f"epoch {checks.trainer.current_epoch}")
 
 
-def check_pack(checks: LogChecks, metrics: Sequence[Any]) -> None:
+def check_pack(checks: LogChecks, metrics: Sequence[Any], carried: _collective.Carried | None = None) -> None:
     """Check the step values that a hook logged, about to sync together: the same keys, synced in the same order, at
-    the same batch, on every rank (the coalesced sync's one check per hook)."""
+    the same batch, on every rank (the coalesced sync's one check per hook); ``carried``: their values, riding it."""
     entries = [_entry(metric) for metric in metrics]
     keys = tuple((entry["fx"], entry["name"], entry["dataloader"], entry["reduce"]) for entry in entries)
     names = ", ".join(repr(entry["name"]) for entry in entries)
     where = f"the step sync of {names} logged in {entries[0]['fx']}"
     point = Point("step_logs", ("step_logs", keys), where, entries, call=entries[0]["call"], site=entries[0]["site"])
-    checks.lockstep.require(point, checks.lockstep.recorder.batches, functools.partial(batch_label, checks.trainer))
+    label = functools.partial(batch_label, checks.trainer)
+    checks.lockstep.require(point, checks.lockstep.recorder.batches, label, carried)
 
 
 def batch_label(trainer: Any) -> str:

@@ -1,7 +1,8 @@
 """``SyncQueue``: a rank's synced logged values, synced together at points every rank reaches (docs/synced-logging.md).
 
 A step value is held until the hook that logged it returns, an epoch round's values until the round starts; then one
-all-reduce per reduce op and dtype syncs them, through Lightning's own ``strategy.reduce``, after the group's check.
+all-reduce per reduce op and dtype syncs them, through Lightning's own ``strategy.reduce``, after the group's check. A
+hook's step values on CPU tensors, on a gloo group, ride their check instead (``carried.py``): no collective at all.
 """
 
 import math
@@ -14,10 +15,12 @@ import torch
 from torch import Tensor
 
 from lightning_ext._collective import exact_mean_input
+from lightning_ext._sync.carried import CarriedPacks
 
 __all__ = ["Held", "SyncQueue", "pack_key"]
 
 Reduce = Callable[[Tensor, str], Tensor]
+BeforePack = Callable[[list[Any], str, CarriedPacks | None], bool]
 
 
 @dataclass(frozen=True)
@@ -46,14 +49,19 @@ class SyncQueue:
 
     Args:
         reduce: Lightning's ``strategy.reduce`` of the world group, without its barrier (``(tensor, reduce_op)``).
-        before_pack: called on every rank with the result metrics of the values about to sync and the phase, before
-            any collective: the hang check of the group (it raises if the ranks differ).
+        before_pack: called on every rank with the result metrics of the values about to sync, the phase and the
+            values that may ride the check, before any collective: the hang check of the group (it raises if the ranks
+            differ). Returns whether the check carried the values (they are reduced then).
+        world_size: the number of ranks (a carried mean is a sum divided by it, as Lightning's gloo sync divides).
+        carry: whether step values on CPU tensors may ride their check (the training group is gloo's).
 
     """
 
-    def __init__(self, reduce: Reduce, before_pack: Callable[[list[Any], str], None]) -> None:
+    def __init__(self, reduce: Reduce, before_pack: BeforePack, world_size: int, carry: bool) -> None:
         self._reduce = reduce
         self._before_pack = before_pack
+        self._world_size = world_size
+        self._carry = carry
         self.held: list[Held] = []
         self._metric: Any = None  # the result metric whose value Lightning syncs now, and in which phase
         self._phase = ""
@@ -106,19 +114,38 @@ class SyncQueue:
             self._synced.clear()
 
     def _sync(self, held: Sequence[Held], phase: str) -> None:
-        self._before_pack([one.metric for one in held], phase)
         packs: dict[tuple[str, torch.dtype, torch.device], list[Held]] = {}
         for one in held:
             packs.setdefault(pack_key(one), []).append(one)
-        for (reduce_op, _, _), members in packs.items():
+        packed = [
+            (op, members, torch.cat([one.tensor.reshape(1) for one in members]))
+            for (op, _, _), members in packs.items()
+        ]
+        pairs = [(tensor, op) for op, _, tensor in packed]
+        carried = CarriedPacks(pairs) if self._carry and phase == "step" and CarriedPacks.fit(pairs) else None
+        if self._before_pack([one.metric for one in held], phase, carried) and carried is not None:
+            carried.unpack()
+            for reduce_op, _, tensor in packed:
+                if reduce_op == "mean":  # Lightning's gloo mean: the sum divided by the world size, in place
+                    _divide(tensor, self._world_size)
+        else:
+            for index, (reduce_op, members, tensor) in enumerate(packed):
+                if reduce_op in _EXTREMES:
+                    packed[index] = (reduce_op, members, _extreme(tensor, reduce_op, self._reduce))
+                else:
+                    packed[index] = (reduce_op, members, self._reduce(tensor, reduce_op))
+        for _, members, tensor in packed:
             targets = [one.tensor for one in members]
-            packed = torch.cat([target.reshape(1) for target in targets])
-            if reduce_op in _EXTREMES:
-                packed = _extreme(packed, reduce_op, self._reduce)
-            else:
-                packed = self._reduce(packed, reduce_op)
-            results = [part.view(target.shape) for part, target in zip(packed, targets, strict=True)]
+            results = [part.view(target.shape) for part, target in zip(tensor, targets, strict=True)]
             torch._foreach_copy_(targets, results)
+
+
+def _divide(tensor: Tensor, world_size: int) -> None:
+    """``tensor`` divided by ``world_size`` in place, as Lightning's ``_sync_ddp`` divides a gloo sum into a mean."""
+    if torch.is_floating_point(tensor):
+        tensor.div_(world_size)
+    else:
+        tensor.copy_(tensor / world_size)
 
 
 _EXTREMES = {"max": -math.inf, "min": math.inf}  # each extreme's neutral value

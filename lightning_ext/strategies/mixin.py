@@ -206,7 +206,8 @@ class PolicyStrategyMixin(_Strategy):
         namespace, peers = self._agree_at_set_up()
         self._hang_guard.start(self._rank(), self.world_size, namespace, self._trainer(), peers)
         if self._log_sync == "coalesced" and _collective.is_initialized():
-            self._sync_queue = SyncQueue(self._reduce_packed, self._hang_guard.check_pack)
+            carry = _collective.is_gloo()  # CPU step values may ride their check where Lightning's sync is gloo's
+            self._sync_queue = SyncQueue(self._reduce_packed, self._hang_guard.check_pack, self.world_size, carry)
             sync_hooks.start(self._sync_queue)
         setup_checks.start(setup_checks.SetupChecks(RankGroup.from_strategy(self), self._trainer()))
 
