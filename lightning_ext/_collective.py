@@ -7,23 +7,22 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import PrefixStore, TCPStore
 
+from lightning_ext._exchange_rounds import CARRY_BYTES, COMBINE, TAKE, Carried, exchange_partners, roles
+
 __all__ = [
-    "CARRY_BYTES",
-    "Carried",
     "CheckChannel",
     "CheckExchange",
     "RankGroup",
     "abort_process_groups",
     "all_gather_objects",
     "exact_mean_input",
-    "exchange_partners",
     "gather_in_store",
     "gather_rows",
     "is_communication_failure",
@@ -40,7 +39,6 @@ __all__ = [
 _STORE_TIMEOUT = timedelta(minutes=30)
 _GATHER_TIMEOUT = timedelta(seconds=60)
 _ALL_TO_ALL = dist.AllToAllOptions()
-CARRY_BYTES = 512  # what a check message carries beside its (min, max): a hook's step values (``_sync/carried.py``)
 _SLOTS = 2 + CARRY_BYTES // 8  # int64 slots of one rank's half of a round's message: (low, high), then the carried
 
 
@@ -107,17 +105,6 @@ def is_world(group: Any) -> bool:
     return group is None or (is_initialized() and group is dist.group.WORLD)
 
 
-class Carried(Protocol):
-    """Values that ride a check (the coalesced sync's step values, ``_sync/carried.py``), reduced over every rank as
-    the check's rounds pass them on: no collective of their own."""
-
-    data: "np.ndarray[Any, np.dtype[np.uint8]]"  # CARRY_BYTES: this rank's running values, sent in every round
-
-    def combine(self, theirs: "np.ndarray[Any, np.dtype[np.uint8]]", first: bool) -> None:
-        """Reduce ``theirs`` (a partner's running values) into :attr:`data`; ``first``: this rank's operand comes first
-        (the lower rank's does, so both partners compute the same bits)."""
-
-
 class CheckChannel:
     """This rank's links for the hang checks: a recursive-doubling exchange of ``(min, max)`` over pairs of ranks.
 
@@ -143,7 +130,7 @@ class CheckChannel:
     def __init__(self, store: Any, rank: int, world_size: int) -> None:
         self.rank, self.world_size = rank, world_size
         self.rounds = exchange_partners(rank, world_size)
-        self.roles = _roles(rank, world_size)
+        self.roles = roles(rank, world_size)
         self._groups: dict[int, Any] = {}
         for partner in dict.fromkeys(self.rounds):
             low, high = sorted((rank, partner))
@@ -235,9 +222,9 @@ class CheckExchange:
         """Fold a partner's carried values into this rank's, as this round's role says."""
         assert self.carried is not None
         role = self.channel.roles[self._round]
-        if role == _COMBINE:
+        if role == COMBINE:
             self.carried.combine(theirs, first=self.channel.rank < partner)
-        elif role == _TAKE:
+        elif role == TAKE:
             self.carried.data[:] = theirs
 
     def _start_round(self) -> None:
@@ -250,7 +237,6 @@ class CheckExchange:
 
 
 _Buffers = tuple[torch.Tensor, torch.Tensor, Any, Any]
-_COMBINE, _SEND, _TAKE = "combine", "send", "take"  # what a round does with the partner's carried values
 
 
 def _check_buffers() -> _Buffers:
@@ -259,58 +245,6 @@ def _check_buffers() -> _Buffers:
     sent = torch.zeros(2 * _SLOTS, dtype=torch.int64, device="cpu")
     received = torch.zeros(2 * _SLOTS, dtype=torch.int64, device="cpu")
     return sent, received, sent.numpy(), received.numpy()
-
-
-def _roles(rank: int, world_size: int) -> list[str]:
-    """What each round of :func:`exchange_partners` does with the partner's carried values.
-
-    A rank beyond the largest power of two sends its values, then takes the result; its partner folds them in first
-    and ignores what they send back last; the butterfly's rounds combine.
-
-    Example:
-        >>> _roles(0, 4), _roles(2, 3), _roles(0, 3), _roles(1, 3)
-        (['combine', 'combine'], ['send', 'take'], ['combine', 'combine', 'send'], ['combine'])
-
-    """
-    rounds = exchange_partners(rank, world_size)
-    power = _largest_power(world_size)
-    if rank >= power:
-        return [_SEND, _TAKE]
-    if rank + power < world_size:
-        return [_COMBINE] * (len(rounds) - 1) + [_SEND]
-    return [_COMBINE] * len(rounds)
-
-
-def exchange_partners(rank: int, world_size: int) -> list[int]:
-    """The partner of ``rank`` in each round of a check (see :class:`CheckChannel`).
-
-    Example:
-        >>> exchange_partners(0, 4), exchange_partners(2, 3), exchange_partners(0, 3)
-        ([1, 2], [0, 0], [2, 1, 2])
-
-    """
-    power = _largest_power(world_size)
-    if rank >= power:  # fold into a partner, take the result back
-        return [rank - power, rank - power]
-    butterfly = [rank ^ distance for distance in _powers_below(power)]
-    extra = rank + power
-    return [extra, *butterfly, extra] if extra < world_size else butterfly
-
-
-def _largest_power(world_size: int) -> int:
-    """The largest power of two not above ``world_size``: the ranks of the butterfly."""
-    power = 1
-    while power * 2 <= world_size:
-        power *= 2
-    return power
-
-
-def _powers_below(limit: int) -> list[int]:
-    powers, value = [], 1
-    while value < limit:
-        powers.append(value)
-        value *= 2
-    return powers
 
 
 def exact_mean_input(tensor: Any, reduce_op: Any) -> Any:

@@ -11,6 +11,7 @@ from torch import Tensor
 from torch.nn.parallel import DistributedDataParallel
 
 from lightning_ext import _collective, errors
+from lightning_ext._exchange_rounds import Carried
 from lightning_ext._hang import loaders, logs, stall
 from lightning_ext._hang.facts import Recorder, SignalConsumer
 from lightning_ext._hang.lockstep import Lockstep, raise_record, record_of
@@ -181,7 +182,7 @@ class HangGuard:
         finally:
             recorder.checked = False
 
-    def check_pack(self, metrics: list[Any], phase: str, carried: _collective.Carried | None = None) -> bool:
+    def check_pack(self, metrics: list[Any], phase: str, carried: Carried | None = None) -> bool:
         """Before the coalesced sync of ``metrics``' ``phase`` values: a hook's step values are checked together (an
         epoch round's were checked when the round started). Returns whether the check carried ``carried``."""
         checks = logs.active()

@@ -9,6 +9,7 @@ from contextlib import AbstractContextManager, nullcontext
 from typing import NoReturn
 
 from lightning_ext import _collective, errors
+from lightning_ext._exchange_rounds import Carried
 from lightning_ext._hang.facts import Recorder
 from lightning_ext._hang.messages import describe_deadlock, describe_divergence, signalled_message
 from lightning_ext._hang.points import Label, Point, fingerprint_at, labelled
@@ -54,9 +55,7 @@ class Lockstep:
         self.waiting: Callable[[], AbstractContextManager[None]] = nullcontext
         watchdog.on_error = self.complete_pending
 
-    def agree(
-        self, point: Point, position: int = 0, label: Label = "", carried: _collective.Carried | None = None
-    ) -> bool:
+    def agree(self, point: Point, position: int = 0, label: Label = "", carried: Carried | None = None) -> bool:
         """Whether every rank is at the same point (and ``position``, e.g. the batch). Raises a posted error.
 
         ``label`` says ``position`` for people, on the error paths only (a string, or a function that returns one).
@@ -87,9 +86,7 @@ class Lockstep:
             raise_record(posted)
         return exchange.agreed
 
-    def require(
-        self, point: Point, position: int = 0, label: Label = "", carried: _collective.Carried | None = None
-    ) -> None:
+    def require(self, point: Point, position: int = 0, label: Label = "", carried: Carried | None = None) -> None:
         """Check ``point``; if the ranks differ, raise the same error, naming every rank's point, on every rank.
 
         Args:

@@ -7,7 +7,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from lightning_ext import _collective
+from lightning_ext._exchange_rounds import Carried
 from lightning_ext._hang.lockstep import Lockstep
 from lightning_ext._hang.points import Point, collective_point
 from lightning_ext._hang.sites import called_as
@@ -144,7 +144,7 @@ def check_reduce(checks: LogChecks, tensor: Any, reduce_op: Any) -> None:
         checks.lockstep.require(point, -_round(checks, None)[1], f"epoch {checks.trainer.current_epoch}")
 
 
-def check_pack(checks: LogChecks, metrics: Sequence[Any], carried: _collective.Carried | None = None) -> None:
+def check_pack(checks: LogChecks, metrics: Sequence[Any], carried: Carried | None = None) -> None:
     """Check the step values that a hook logged, about to sync together: the same keys, synced in the same order, at
     the same batch, on every rank (the coalesced sync's one check per hook); ``carried``: their values, riding it."""
     entries = [_entry(metric) for metric in metrics]

@@ -1,10 +1,8 @@
 """A hook's step values carried by their check: reduced within the check's own exchange, with no collective.
 
-The coalesced sync packs a hook's step values by reduce op and dtype. Where they are CPU tensors on a gloo group
-(where Lightning's own sync is a gloo all-reduce) and fit the check's message (``_collective.CARRY_BYTES``), they ride
-the hook's check: every round of its recursive doubling reduces them as it reduces the check's ``(min, max)``, in the
-lower rank's operand order, so both partners of a round compute the same bits and every rank ends with the same
-values. A check that disagrees raises, and its values are never read.
+CPU values on gloo that fit the check's message ride it: each round of its recursive doubling reduces them in the lower
+rank's operand order, so every rank ends with the same bits; where the check disagrees they are never read
+(docs/synced-logging.md, "How the values ride the check").
 """
 
 from collections.abc import Callable, Sequence
@@ -14,7 +12,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from lightning_ext._collective import CARRY_BYTES
+from lightning_ext._exchange_rounds import CARRY_BYTES
 
 __all__ = ["CarriedPacks"]
 
@@ -31,13 +29,24 @@ _UFUNCS: dict[str, Callable[..., Any]] = {"sum": np.add, "mean": np.add, "max": 
 Pack = tuple[Tensor, str]  # a 1-D packed tensor and the reduce op of its values
 
 
+def _canonical(result: Any, lower: Any, higher: Any, ufunc: Callable[..., Any]) -> None:
+    """The bits IEEE leaves to the machine, made the same on both partners: a NaN's sign and payload (which operand's
+    NaN an addition keeps may depend on numpy's loop), and the sign of a max or min of two zeros (+0 is the larger)."""
+    if ufunc is not np.add:
+        zeros = (lower == 0) & (higher == 0)
+        if zeros.any():
+            sign = 1 if ufunc is np.maximum else -1  # max(-0, +0) = -0 + +0 = +0; min = -(+0 + -0) = -0
+            result[zeros] = sign * (sign * lower[zeros] + sign * higher[zeros])
+    np.copyto(result, np.nan, where=np.isnan(result))
+
+
 def _size(tensor: Tensor) -> int:
     """The bytes a pack takes in the carried area, rounded up to 8 (each pack starts aligned)."""
     return -(-tensor.numel() * tensor.element_size() // 8) * 8
 
 
 class CarriedPacks:
-    """The packs of one hook's step values, in the byte area a check carries (``_collective.Carried``).
+    """The packs of one hook's step values, in the byte area a check carries (``_exchange_rounds.Carried``).
 
     Args:
         packs: each 1-D packed tensor with its reduce op; they must :meth:`fit`.
@@ -67,12 +76,17 @@ class CarriedPacks:
 
     def combine(self, theirs: Any, first: bool) -> None:
         """Reduce a partner's running values into this rank's (``first``: this rank's operand comes first)."""
+        with np.errstate(all="ignore"):  # inf - inf and a float32 overflow are what torch gives, silently
+            self._combine(theirs, first)
+
+    def _combine(self, theirs: Any, first: bool) -> None:
         for _, start, end, dtype, ufunc in self._segments:
             mine, other = self.data[start:end].view(dtype), theirs[start:end].view(dtype)
-            if first:
-                ufunc(mine, other, out=mine)
-            else:
-                ufunc(other, mine, out=mine)
+            lower, higher = (mine, other) if first else (other, mine)
+            result = ufunc(lower, higher)
+            if result.dtype.kind == "f":
+                _canonical(result, lower, higher, ufunc)
+            mine[:] = result
 
     def unpack(self) -> None:
         """Write the reduced values back into the packed tensors (once the check completed and agreed)."""

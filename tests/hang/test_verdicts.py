@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from lightning_ext import errors
-from lightning_ext._collective import exchange_partners
+from lightning_ext._exchange_rounds import exchange_partners
 from lightning_ext._hang.facts import Call, Facts
 from lightning_ext._hang.messages import describe_deadlock, describe_divergence
 from lightning_ext._hang.points import Point

@@ -22,7 +22,7 @@ from lightning.pytorch.loggers import CSVLogger
 from torch.utils.data import DataLoader, TensorDataset
 
 HOOKS = ("training_step", "on_train_batch_end", "callback_on_train_batch_end", "validation_step")
-_DTYPES = {"int": torch.int64, "float32": torch.float32, "float64": torch.float64}
+_DTYPES = {"int": torch.int64, "int32": torch.int32, "float32": torch.float32, "float64": torch.float64}
 
 
 def log_keys(module: L.LightningModule, keys: list[dict[str, Any]], batch_idx: int) -> dict[str, float]:
@@ -255,3 +255,39 @@ def collectives_per_step(stock: bool, count: int, strategy_options: dict[str, An
     # every rank's epoch outlasts the counted steps at any world size (no epoch end's collectives among them)
     trainer.fit(NValues(count), DataLoader(TensorDataset(torch.randn(32 * dist.get_world_size(), 2)), batch_size=2))
     return {name: number / (last - first) for name, number in counting.counts.items()}
+
+
+_CHANNELS: dict[str, Any] = {}
+
+
+def carry(namespace: str, packs: list[tuple[str, str, list[float]]], agree: bool = True) -> dict[str, Any]:
+    """Pass ``packs`` (``(dtype, reduce op, this rank's values)``) through one real check of this rank's
+    ``CheckChannel`` (one per ``namespace``, kept for the next call): whether the ranks agreed, each pack's values
+    afterwards, and their bytes. ``agree=False``: this rank passes its rank as the check's value (they disagree)."""
+    from lightning_ext._collective import CheckChannel
+    from lightning_ext._hang.facts import Recorder
+    from lightning_ext._hang.watchdog import Watchdog
+    from lightning_ext._sync.carried import CarriedPacks
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if namespace not in _CHANNELS:
+        watchdog = Watchdog(namespace, Recorder(rank, world, None))
+        _CHANNELS[namespace] = (watchdog, CheckChannel(watchdog.store, rank, world))
+    channel = _CHANNELS[namespace][1]
+    tensors = [(torch.tensor(values, dtype=_DTYPES[dtype]), op) for dtype, op, values in packs]
+    carried = CarriedPacks(tensors)
+    exchange = channel.start(0 if agree else rank, carried)
+    assert exchange.wait(60.0), "the check did not complete"
+    carried.unpack()
+    return {
+        "agreed": exchange.agreed,
+        "values": [tensor.tolist() for tensor, _ in tensors],
+        "bytes": [tensor.numpy().tobytes().hex() for tensor, _ in tensors],
+    }
+
+
+def carry_close(namespace: str) -> None:
+    """Stop the watchdog and close the links of ``namespace``'s channel."""
+    watchdog, channel = _CHANNELS.pop(namespace)
+    watchdog.stop()
+    channel.close()
