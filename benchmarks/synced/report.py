@@ -3,6 +3,7 @@
 import statistics
 from typing import Any
 
+from benchmarks.comm.report import median_interval
 from benchmarks.helpers.host_syncs import HOST_SYNC
 
 __all__ = ["LIMITS", "markdown", "summarize"]
@@ -35,7 +36,12 @@ def summarize(sessions: dict[int, dict[str, Any]], device: str = "cpu") -> dict[
                     "values": int(values),
                     "config": config,
                     "step_ms": statistics.median(t for fit in steps for t in fit) / 1e6,
-                    "ratio": {"median": statistics.median(ratios), "low": min(ratios), "high": max(ratios)},
+                    "ratio": {
+                        "median": statistics.median(ratios),
+                        "interval": list(median_interval(ratios)),
+                        "low": min(ratios),
+                        "high": max(ratios),
+                    },
                     "training_group_calls": sum(n for op, n in calls.items() if op not in NOT_CALLS),
                     "checks": calls.get(CHECK, 0.0),
                     "host_syncs": calls.get(HOST_SYNC, 0.0),
@@ -48,9 +54,9 @@ def summarize(sessions: dict[int, dict[str, Any]], device: str = "cpu") -> dict[
         where = f"W={row['world_size']}{' on cuda' if device == 'cuda' else ''}, {row['values']} synced value(s)"
         limit = LIMITS.get(row["values"])
         if limit is not None:
-            value = row["ratio"]["median"]
+            value, interval = row["ratio"]["median"], row["ratio"]["interval"]
             targets.append({"name": "step time vs stock", "where": where, "limit": limit, "value": value,
-                            "met": value <= limit})  # fmt: skip
+                            "interval": interval, "met": value <= limit})  # fmt: skip
         calls = row["training_group_calls"]
         targets.append({"name": "training-group calls per step", "where": where, "limit": 1, "value": calls,
                         "met": calls <= 1})  # fmt: skip
@@ -60,7 +66,7 @@ def summarize(sessions: dict[int, dict[str, Any]], device: str = "cpu") -> dict[
 def table(results: dict[str, Any]) -> str:
     """The Markdown table of every row: step time, ratio to stock, calls per step."""
     lines = [
-        "| ranks | synced values | configuration | median step | ratio to stock (lowest-highest round) |"
+        "| ranks | synced values | configuration | median step | ratio to stock (95% interval; lowest-highest round) |"
         " training-group calls per step | checks per step | host syncs per step |",
         "|---:|---:|---|---:|---:|---:|---:|---:|",
     ]
@@ -69,10 +75,22 @@ def table(results: dict[str, Any]) -> str:
         calls = ", ".join(f"{op} {n:g}" for op, n in row["calls"].items() if op != CHECK) or "none"
         lines.append(
             f"| {row['world_size']} | {row['values']} | `{row['config']}` | {row['step_ms']:.1f} ms"
-            f" | {ratio['median']:.3f} ({ratio['low']:.2f}-{ratio['high']:.2f})"
+            f" | {ratio['median']:.3f} ({_interval(ratio)}{ratio['low']:.2f}-{ratio['high']:.2f})"
             f" | {row['training_group_calls']:g} ({calls}) | {row['checks']:g} | {_host_syncs(row)} |"
         )
     return "\n".join(lines)
+
+
+def _interval(ratio: dict[str, Any]) -> str:
+    return f"{ratio['interval'][0]:.2f}-{ratio['interval'][1]:.2f}; " if "interval" in ratio else ""
+
+
+def _settled(target: dict[str, Any]) -> str:
+    """Whether the 95% interval settles a step-time target, where it does not (the verdict is the median's)."""
+    low, high = target.get("interval", (target["value"], target["value"]))
+    if low <= target["limit"] < high:
+        return " by the median (the 95% interval reaches " + ("over" if target["met"] else "under") + " the limit)"
+    return ""
 
 
 def _host_syncs(row: dict[str, Any]) -> str:
@@ -83,8 +101,12 @@ def target_lines(results: dict[str, Any]) -> str:
     """One line per target: where, the figure, the limit, met or **missed**."""
     lines = []
     for target in results["targets"]:
-        verdict = "met" if target["met"] else "**missed**"
-        figure = f"{target['value']:.3f}x" if target["name"].startswith("step") else f"{target['value']:g}"
+        verdict = ("met" if target["met"] else "**missed**") + _settled(target)
+        if target["name"].startswith("step"):
+            low, high = target.get("interval", (target["value"], target["value"]))
+            figure = f"{target['value']:.3f}x (95% interval {low:.2f}-{high:.2f})"
+        else:
+            figure = f"{target['value']:g}"
         lines.append(f"- {target['name']}, {target['where']}: {figure} (target ≤ {target['limit']:g}): {verdict}")
     return "\n".join(lines)
 
@@ -100,6 +122,7 @@ def markdown(results: dict[str, Any]) -> str:
         f"`python -m benchmarks.synced`{' --device cuda' * on_gpu}{' --smoke' if meta['smoke'] else ''}: {ranks},"
         f" {counts['repeats']} round(s) of {counts['steps']} timed steps per fit, every fit once per round in a"
         f" seeded random order; load average before: {meta['load_average_before']}; {meta['seconds']} s;"
-        f" torch {meta['torch']}. Ratios are each round's median step against stock's in the same round.\n\n"
+        f" torch {meta['torch']}. Ratios are each round's median step against stock's in the same round: their median,"
+        " with its 95% bootstrap interval over the rounds and the lowest and highest round.\n\n"
         f"{table(results)}\n\n## Targets (`defaults`)\n\n{target_lines(results)}\n"
     )
