@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--world-sizes", type=int, nargs="+", help="default: 2 4 on CPU, 1 2 on the GPU")
     parser.add_argument("--values", type=int, nargs="+", default=[1, 5, 20], help="synced values per step")
     parser.add_argument("--steps", type=int, default=40, help="timed steps per fit")
-    parser.add_argument("--repeats", type=int, default=7, help="timed rounds (every fit once per round)")
+    parser.add_argument("--repeats", type=int, default=12, help="timed rounds (every fit once per round)")
     parser.add_argument("--smoke", action="store_true", help="a few steps, one round: does it run (CI)")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     parser.add_argument("--machine", default=None, help="the results' file name part (default: this machine's)")
