@@ -173,7 +173,8 @@ def _hang_checks_table(results: Results) -> str:
         f"| stock against itself (`stock_twin`) | {cell('stock_twin')} | {cell('stock_5_synced_twin')} |",
         f"| default checks | {cell('hang_checks')} | {cell('hang_checks_5_synced')} |",
         f'| `hang_checks="debug"` | {cell("hang_checks_debug")} | |',
-        "| time lining the ranks up, checks against stock's barriers, per synced value (paired fit by fit) |"
+        "| time in the checks (which carry the values) against stock's barriers alone, per synced value (paired"
+        " fit by fit) |"
         f" {extra['hang_checks'].median:+.0f} µs | {extra['hang_checks_5_synced'].median:+.0f} µs |",
     ]
     return "\n" + "\n".join(lines) + "\n"
@@ -229,14 +230,22 @@ FIGURES: dict[str, Callable[[Results], str]] = {
     "decision-costs": _decision_costs,
     "sync-1": lambda r: _signed(r.syncs[0].extra_us["hang_checks"].median),
     "sync-5": lambda r: _signed(r.syncs[0].extra_us["hang_checks_5_synced"].median),
-    "cpu-5": lambda r: f"{r.row('training_step_cpu/hang_checks_5_synced').ratio_to_stock - 1:.0%}",
+    "cpu-5": lambda r: _more_or_less(r.row("training_step_cpu/hang_checks_5_synced").ratio_to_stock - 1),
     "step-5": lambda r: f"{r.row('training_step/stock_5_synced').median_us / 1000:.0f} ms",
     "hang-checks-table": _hang_checks_table,
+    "tensorboard-step": lambda r: _ratio(r.row("training_step/tensorboard")),
+    "events-row-cpu": lambda results: _us(_measured(results, "events_row_cpu_us").median),
+    "events-row-thread-cpu": lambda results: _us(_measured(results, "events_row_thread_cpu_us").median),
     "synced-date": lambda results: _synced(results)["metadata"]["date"][:10],
     "synced-ratios": _synced_ratios,
     "synced-table": lambda results: "\n" + synced_report.table(_synced(results)) + "\n",
     "synced-targets": lambda results: "\n" + synced_report.target_lines(_synced(results)) + "\n",
 }
+
+
+def _more_or_less(share: float) -> str:
+    """``27% less`` or ``8% more``: a ratio's distance from 1."""
+    return f"{abs(share):.0%} {'less' if share < 0 else 'more'}"
 
 
 def _signed(micros: float) -> str:

@@ -19,6 +19,7 @@ from lightning_ext._hang.messages import describe_deadlock, describe_divergence
 from lightning_ext._hang.points import Point
 from lightning_ext._hang.progress import Progress
 from lightning_ext._hang.verdict import blocked_by, deadlock
+from tests.helpers.rounds import play_rounds
 
 CALL = "self.log('x', sync_dist=True)"
 ENTRY = {"name": "x", "fx": "training_step", "dataloader": None, "reduce": "mean", "site": "/p/m.py:9 in training_step"}
@@ -205,26 +206,12 @@ def test_property_every_rank_learns_the_smallest_and_largest_value(world: int, v
     for rank, plan in enumerate(plans):  # each pair of ranks exchanges the same number of times
         for partner in set(plan):
             assert plan.count(partner) == plans[partner].count(rank)
-    position = [0] * world
-    while any(position[rank] < len(plans[rank]) for rank in range(world)):
-        progressed = False
-        for rank in range(world):
-            if position[rank] == len(plans[rank]):
-                continue
-            partner = plans[rank][position[rank]]
-            # the n-th exchange of this pair, on both sides
-            n = plans[rank][: position[rank]].count(partner)
-            if (
-                position[partner] < len(plans[partner])
-                and plans[partner][position[partner]] == rank
-                and (plans[partner][: position[partner]].count(rank) == n)
-            ):
-                low[rank] = low[partner] = min(low[rank], low[partner])
-                high[rank] = high[partner] = max(high[rank], high[partner])
-                position[rank] += 1
-                position[partner] += 1
-                progressed = True
-        assert progressed, "the rounds deadlock"
+
+    def meet(rank: int, partner: int, _: int, __: int) -> None:
+        low[rank] = low[partner] = min(low[rank], low[partner])
+        high[rank] = high[partner] = max(high[rank], high[partner])
+
+    play_rounds(plans, meet)
     assert low == [min(sent)] * world and high == [max(sent)] * world
     assert all(len(plan) <= world.bit_length() + 1 for plan in plans)  # ceil(log2 W) rounds, two more folding
 

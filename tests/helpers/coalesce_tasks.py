@@ -126,6 +126,9 @@ def fit(root: str, program: dict[str, Any], stock: bool, strategy_options: dict[
     }
 
 
+FIRST, LAST = 2, 12  # the counted steps: from the end of batch FIRST to the end of batch LAST
+
+
 class CountingCallback(L.Callback):
     """Counts the host-device synchronizations of every training step from batch ``first`` to batch ``last``."""
 
@@ -164,8 +167,6 @@ def host_syncs_per_step(stock: bool, strategy_options: dict[str, Any] | None = N
     ``device="cuda"``: every rank trains on ``cuda:0`` (one lent GPU), the pool's gloo group all-reducing CUDA tensors;
     each rank is then a one-device node to Lightning (``num_nodes`` ranks, ``NODE_RANK`` its rank).
     """
-    from lightning_ext import PolicyDDPStrategy
-
     world = dist.get_world_size()
     layout: dict[str, Any] = {"accelerator": "cpu", "devices": world}
     environment = {}
@@ -175,20 +176,8 @@ def host_syncs_per_step(stock: bool, strategy_options: dict[str, Any] | None = N
     saved = {name: os.environ.get(name) for name in environment}
     os.environ.update(environment)
     try:
-        first, last = 2, 12
-        counting = CountingCallback(first, last)
-        trainer = L.Trainer(
-            **layout,
-            strategy="ddp" if stock else PolicyDDPStrategy(**(strategy_options or {})),
-            max_steps=last + 2,
-            logger=False,
-            callbacks=[counting],
-            enable_checkpointing=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-        )
-        # every rank's epoch outlasts the counted steps at any world size up to 4 (no epoch end's syncs among them)
-        trainer.fit(FiveValues(), DataLoader(TensorDataset(torch.randn(32 * world, 2)), batch_size=2))
+        counting = CountingCallback(FIRST, LAST)
+        _counted_fit(stock, strategy_options, counting, FiveValues(), layout)
     finally:
         for name, value in saved.items():
             if value is None:
@@ -197,7 +186,7 @@ def host_syncs_per_step(stock: bool, strategy_options: dict[str, Any] | None = N
                 os.environ[name] = value
     from benchmarks.helpers.host_syncs import HOST_SYNC
 
-    return counting.counting.counts[HOST_SYNC] / (last - first)
+    return counting.counting.counts[HOST_SYNC] / (LAST - FIRST)
 
 
 class NValues(L.LightningModule):
@@ -237,24 +226,32 @@ class CollectiveCounter(L.Callback):
 
 def collectives_per_step(stock: bool, count: int, strategy_options: dict[str, Any] | None = None) -> dict[str, float]:
     """Collective calls per training step, by name, of a fit that logs ``count`` synced values per step."""
+    counting = CollectiveCounter(FIRST, LAST)
+    layout = {"accelerator": "cpu", "devices": dist.get_world_size()}
+    _counted_fit(stock, strategy_options, counting, NValues(count), layout)
+    return {name: number / (LAST - FIRST) for name, number in counting.counts.items()}
+
+
+def _counted_fit(
+    stock: bool, options: dict[str, Any] | None, counting: L.Callback, module: L.LightningModule, layout: dict[str, Any]
+) -> None:
+    """A fit that counts from batch :data:`FIRST` to :data:`LAST` with ``counting``, under stock ``DDPStrategy`` or
+    ``PolicyDDPStrategy(**options)``."""
     from lightning_ext import PolicyDDPStrategy
 
-    first, last = 2, 12
-    counting = CollectiveCounter(first, last)
     trainer = L.Trainer(
-        accelerator="cpu",
-        devices=dist.get_world_size(),
-        strategy="ddp" if stock else PolicyDDPStrategy(**(strategy_options or {})),
-        max_steps=last + 2,
+        **layout,
+        strategy="ddp" if stock else PolicyDDPStrategy(**(options or {})),
+        max_steps=LAST + 2,
         logger=False,
         callbacks=[counting],
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,
     )
-    # every rank's epoch outlasts the counted steps at any world size (no epoch end's collectives among them)
-    trainer.fit(NValues(count), DataLoader(TensorDataset(torch.randn(32 * dist.get_world_size(), 2)), batch_size=2))
-    return {name: number / (last - first) for name, number in counting.counts.items()}
+    # every rank's epoch outlasts the counted steps at any world size up to 4 (no epoch end's syncs among them)
+    world = dist.get_world_size()
+    trainer.fit(module, DataLoader(TensorDataset(torch.randn(32 * world, 2)), batch_size=2))
 
 
 _CHANNELS: dict[str, Any] = {}

@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from lightning_ext._exchange_rounds import CARRY_BYTES, exchange_partners, roles
 from lightning_ext._sync.carried import CarriedPacks
 from tests.helpers import search
+from tests.helpers.rounds import play_rounds
 
 TASK = "tests.helpers.coalesce_tasks:carry"
 _EPS = {"float32": 2.0**-23, "float64": 2.0**-52}
@@ -89,23 +90,15 @@ def test_property_the_rounds_roles_give_every_rank_each_value_once(world: int, d
     each does with the partner's what its role says."""
     sent = data.draw(st.lists(st.integers(-1000, 1000), min_size=world, max_size=world))
     held = list(sent)
-    plans = [list(zip(exchange_partners(rank, world), roles(rank, world), strict=True)) for rank in range(world)]
-    position = [0] * world
-    while any(position[rank] < len(plans[rank]) for rank in range(world)):
-        progressed = False
-        for rank in range(world):
-            if position[rank] == len(plans[rank]):
-                continue
-            partner, role = plans[rank][position[rank]]
-            if position[partner] < len(plans[partner]) and plans[partner][position[partner]][0] == rank:
-                other_role = plans[partner][position[partner]][1]
-                mine, theirs = held[rank], held[partner]
-                held[rank] = {"combine": mine + theirs, "send": mine, "take": theirs}[role]
-                held[partner] = {"combine": theirs + mine, "send": theirs, "take": mine}[other_role]
-                position[rank] += 1
-                position[partner] += 1
-                progressed = True
-        assert progressed, "the rounds deadlock"
+    partners = [exchange_partners(rank, world) for rank in range(world)]
+    tasks = [roles(rank, world) for rank in range(world)]
+
+    def meet(rank: int, partner: int, mine: int, theirs: int) -> None:
+        ours, their = held[rank], held[partner]
+        held[rank] = {"combine": ours + their, "send": ours, "take": their}[tasks[rank][mine]]
+        held[partner] = {"combine": their + ours, "send": their, "take": ours}[tasks[partner][theirs]]
+
+    play_rounds(partners, meet)
     assert held == [sum(sent)] * world
 
 
