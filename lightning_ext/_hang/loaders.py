@@ -9,8 +9,9 @@ from lightning.pytorch.utilities import rank_zero_warn
 
 from lightning_ext import errors
 from lightning_ext._hang.lockstep import Lockstep
-from lightning_ext._hang.messages import FIXES, count_text, describe_divergence, first_line
+from lightning_ext._hang.messages import FIXES, describe_divergence, first_line
 from lightning_ext._hang.points import Point
+from lightning_ext._hang.uneven_text import count_text
 from lightning_ext._hang.wording import grouped_lines, ranks_text
 
 __all__ = ["LoaderChecks", "active", "start", "stop"]
