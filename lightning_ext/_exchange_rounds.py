@@ -16,6 +16,7 @@ class Carried(Protocol):
     the check's rounds pass them on: no collective of their own."""
 
     data: "np.ndarray[Any, np.dtype[np.uint8]]"  # CARRY_BYTES: this rank's running values, sent in every round
+    layout: tuple[Any, ...]  # how the bytes are laid out: part of what the ranks must agree on before they are read
 
     def combine(self, theirs: "np.ndarray[Any, np.dtype[np.uint8]]", first: bool) -> None:
         """Reduce ``theirs`` (a partner's running values) into :attr:`data`; ``first``: this rank's operand comes first

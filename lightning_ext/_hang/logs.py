@@ -151,7 +151,9 @@ def check_pack(checks: LogChecks, metrics: Sequence[Any], carried: Carried | Non
     keys = tuple((entry["fx"], entry["name"], entry["dataloader"], entry["reduce"]) for entry in entries)
     names = ", ".join(repr(entry["name"]) for entry in entries)
     where = f"the step sync of {names} logged in {entries[0]['fx']}"
-    point = Point("step_logs", ("step_logs", keys), where, entries, call=entries[0]["call"], site=entries[0]["site"])
+    # carried values: their layout (dtypes, whether they ride at all) must agree too, or their bytes would not line up
+    identity = ("step_logs", keys, None if carried is None else carried.layout)
+    point = Point("step_logs", identity, where, entries, call=entries[0]["call"], site=entries[0]["site"])
     label = functools.partial(batch_label, checks.trainer)
     checks.lockstep.require(point, checks.lockstep.recorder.batches, label, carried)
 

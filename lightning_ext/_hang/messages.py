@@ -123,6 +123,8 @@ def describe_divergence(points: Sequence[Point]) -> errors.CrossRankError:
             named = "; ".join(f"rank {stand.rank}: {stand.where}" for stand in list(firsts.values())[:2])
             head = f"A collective call made on some ranks only ({shortened(named, 150)})."
             return errors.DivergentCollectiveError(_text(head, _ADVICE["collectives"], listing, "collective"))
+    if all(kind == "step_logs" for kind in kinds) and len({point.identity[:2] for point in points}) == 1:
+        return _layouts_differ(points, stands[0])
     found = culprits(stands)
     if found:
         return _blame(found, stands, _placed(found, stands))
@@ -240,6 +242,21 @@ def _keys_line(split: Sequence[tuple[dict[str, Any], list[int]]]) -> str:
     ]
     more = f" and {len(split) - _MOST_KEYS} more" if len(split) > _MOST_KEYS else ""
     return "  synced on some ranks only: " + ", ".join(listed) + more
+
+
+def _layouts_differ(points: Sequence[Point], stand: Stand) -> errors.CrossRankError:
+    """The same synced keys with values of another dtype (or, on some ranks, not on the CPU: not carried) by rank."""
+    lines = grouped_lines((rank, f"values {_layout(point.identity[2])}") for rank, point in enumerate(points))
+    names = shortened(", ".join(repr(entry["name"]) for entry in stand.keys), 60)
+    head = (
+        f"The synced values of {names}{_where(stand.hook, stand.stage, stand.site)} differ in dtype or device by rank."
+    )
+    advice = "Fix: the same dtype and device on every rank."
+    return errors.DivergentLoggingError("\n".join([first_line(head, advice), *lines]))
+
+
+def _layout(packs: tuple[tuple[str, str, int], ...] | None) -> str:
+    return ", ".join(f"{count} {dtype} ({op})" for op, dtype, count in packs) if packs else "not on the CPU"
 
 
 def _placed(found: Sequence[Stand], everyone: Sequence[Stand]) -> list[str]:

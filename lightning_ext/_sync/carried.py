@@ -55,6 +55,9 @@ class CarriedPacks:
 
     def __init__(self, packs: Sequence[Pack]) -> None:
         self.data = np.zeros(CARRY_BYTES, dtype=np.uint8)
+        self.layout = tuple(
+            (reduce_op, str(tensor.dtype).removeprefix("torch."), tensor.numel()) for tensor, reduce_op in packs
+        )
         self._segments: list[tuple[Tensor, int, int, Any, Callable[..., Any]]] = []
         offset = 0
         for tensor, reduce_op in packs:

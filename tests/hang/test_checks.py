@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.helpers import search
+from tests.helpers import hang_tasks, search
 from tests.helpers.hang_tasks import HOOKS
 
 WORLDS = (1, 2, 3, 4)
@@ -208,6 +208,29 @@ def test_stream_that_runs_out_on_one_rank_is_an_error_naming_it(rank_pools: Any,
     assert outcomes[0]["message"].splitlines()[0] == (
         "Uneven data: the train dataloader (no length) ran out after 3 batch(es) on rank 0 while rank 1 had more."
     )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world", [2, 4])
+def test_a_synced_value_of_another_dtype_on_one_rank_is_an_error_naming_it(
+    rank_pools: Any, tmp_path: Path, world: int
+) -> None:
+    """Rank 1 logs a float64 tensor where the others log a float: the bytes of the values that ride the hook's check
+    would not line up, so the check says so (stock's all-reduce of a float32 and a float64 does not sync them)."""
+    entry = {"name": "x", "hook": "training_step", "phase": "step", "offset": 0.0, "skipped_by": [], "float64_on": [1]}
+    script = {"train_batches": [2] * world, "val_batches": [1] * world, "logs": [entry]}
+    outcomes = run(rank_pools, world, tmp_path, script)
+    assert {o["error"] for o in outcomes} == {"DivergentLoggingError"}
+    assert len({o["message"] for o in outcomes}) == 1
+    lines = (Path(hang_tasks.__file__)).read_text().splitlines()
+    line = next(number for number, text in enumerate(lines, 1) if text.endswith("# log: here"))
+    first, *details = outcomes[0]["message"].splitlines()
+    assert first == (
+        f"The synced values of 'x' in training_step (hang_tasks.py:{line}) differ in dtype or device by rank."
+        " Fix: the same dtype and device on every rank."
+    )
+    others = "rank 0" if world == 2 else "ranks 0, 2-3"
+    assert sorted(details) == sorted(["  rank 1: values 1 float64 (mean)", f"  {others}: values 1 float32 (mean)"])
 
 
 # ---- the check itself: one verdict, the same on every rank ---------------------------------------------------------

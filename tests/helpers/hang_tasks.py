@@ -52,8 +52,10 @@ class ScriptModule(L.LightningModule):
             if entry["hook"] != hook or rank in entry["skipped_by"]:
                 continue
             phase_step = entry["phase"] == "step" and hook.endswith("_step")
-            number = value(entry, rank, self.current_epoch, batch)
-            self.log(entry["name"], number, sync_dist=True, on_step=phase_step, on_epoch=not phase_step)
+            number: Any = value(entry, rank, self.current_epoch, batch)
+            if rank in entry.get("float64_on", ()):  # a tensor of another dtype than the float32 others log
+                number = torch.tensor(number, dtype=torch.float64)
+            self.log(entry["name"], number, sync_dist=True, on_step=phase_step, on_epoch=not phase_step)  # log: here
 
     def _loader(self, stage: str) -> DataLoader:
         length = self.script[f"{stage}_batches"][self.global_rank]
