@@ -32,9 +32,11 @@ def _kind(filename: str) -> int:
 
 @functools.lru_cache(maxsize=1)
 def _packages() -> tuple[str, ...]:
-    """torch's site-packages (every installed package) and lightning-ext itself, wherever it lives."""
+    """torch's site-packages (every installed package), Lightning's (a patched copy may live elsewhere) and
+    lightning-ext itself, wherever they live."""
     roots = []
-    for module, levels in ((sys.modules.get("torch"), 1), (sys.modules.get("lightning_ext"), 0)):
+    packages = (("torch", 1), ("lightning", 1), ("pytorch_lightning", 1), ("lightning_ext", 0))
+    for module, levels in ((sys.modules.get(name), levels) for name, levels in packages):
         if module is not None and module.__file__ is not None:
             roots.append(Path(module.__file__).parents[levels].as_posix() + "/")
     return tuple(roots)
