@@ -4,7 +4,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
-from lightning_ext._hang import loaders, logs
+from lightning_ext._checks import loaders, logs
 
 __all__ = [
     "after_eval_setup_data",

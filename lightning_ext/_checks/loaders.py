@@ -8,11 +8,11 @@ from typing import Any, Literal
 from lightning.pytorch.utilities import rank_zero_warn
 
 from lightning_ext import errors
-from lightning_ext._hang.lockstep import Lockstep
-from lightning_ext._hang.messages import FIXES, describe_divergence, first_line
-from lightning_ext._hang.points import Point
-from lightning_ext._hang.uneven_text import count_text
-from lightning_ext._hang.wording import grouped_lines, ranks_text
+from lightning_ext._checks.lockstep import Lockstep
+from lightning_ext._checks.messages import FIXES, describe_divergence, first_line
+from lightning_ext._checks.points import Point
+from lightning_ext._checks.uneven_text import count_text
+from lightning_ext._watch.rank_text import grouped_lines, ranks_text
 
 __all__ = ["LoaderChecks", "active", "start", "stop"]
 

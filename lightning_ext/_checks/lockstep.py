@@ -10,11 +10,11 @@ from typing import NoReturn
 
 from lightning_ext import _collective, errors
 from lightning_ext._exchange_rounds import Carried
-from lightning_ext._hang.facts import Recorder
-from lightning_ext._hang.messages import describe_deadlock, describe_divergence, signalled_message
-from lightning_ext._hang.points import Label, Point, fingerprint_at, labelled
-from lightning_ext._hang.verdict import deadlock
-from lightning_ext._hang.watchdog import ErrorRecord, Watchdog
+from lightning_ext._watch.facts import Recorder
+from lightning_ext._checks.messages import describe_deadlock, describe_divergence, signalled_message
+from lightning_ext._checks.points import Label, Point, fingerprint_at, labelled
+from lightning_ext._checks.verdict import deadlock
+from lightning_ext._watch.watchdog import ErrorRecord, Watchdog
 from lightning_ext.errors import mark_joint
 
 __all__ = ["Lockstep", "raise_record", "record_of"]

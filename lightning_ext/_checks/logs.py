@@ -8,10 +8,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from lightning_ext._exchange_rounds import Carried
-from lightning_ext._hang.lockstep import Lockstep
-from lightning_ext._hang.points import Point, collective_point
-from lightning_ext._hang.sites import called_as
-from lightning_ext._hang.sites import user_site as site_of
+from lightning_ext._checks.lockstep import Lockstep
+from lightning_ext._checks.points import Point, collective_point
+from lightning_ext._watch.sites import called_as
+from lightning_ext._watch.sites import user_site as site_of
 
 __all__ = [
     "LogChecks",

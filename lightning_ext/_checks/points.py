@@ -9,8 +9,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from lightning_ext._hang.facts import Facts
-from lightning_ext._hang.sites import Caller
+from lightning_ext._watch.facts import Facts
+from lightning_ext._watch.sites import Caller
 
 __all__ = ["LOGGING", "Label", "Point", "collective_point", "fingerprint_at", "labelled"]
 

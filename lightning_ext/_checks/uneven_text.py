@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from lightning_ext._hang.points import Point
-from lightning_ext._hang.progress import Progress
-from lightning_ext._hang.wording import grouped_lines, ranks_text
+from lightning_ext._checks.points import Point
+from lightning_ext._watch.progress import Progress
+from lightning_ext._watch.rank_text import grouped_lines, ranks_text
 
 __all__ = ["count_text", "loaders_headline", "uneven"]
 

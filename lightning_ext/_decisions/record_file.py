@@ -4,10 +4,10 @@ import datetime
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from lightning_ext._per_rank.decision_format import COLUMNS, FILENAME, encode_row
-from lightning_ext._per_rank.file_output import FileOutput, storage_for
-from lightning_ext._per_rank.parted_file import PartedFile
-from lightning_ext._per_rank.storage import LocalFile, Start
+from lightning_ext._decisions.record_format import COLUMNS, FILENAME, encode_row
+from lightning_ext._files.file_output import FileOutput, storage_for
+from lightning_ext._files.parted_file import PartedFile
+from lightning_ext._files.storage import LocalFile, Start
 from lightning_ext.errors import DecisionRecordWarning
 
 __all__ = ["MARKER_FORMAT", "DecisionFile"]

@@ -5,7 +5,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from lightning_ext._per_rank.summary_format import json_value
+from lightning_ext._summaries.number_format import json_value
 from lightning_ext.errors import DecisionRecordError
 
 __all__ = ["COLUMNS", "FILENAME", "changed_something", "check_one_run", "decode_row", "encode_row", "json_row"]

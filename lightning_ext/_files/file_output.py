@@ -10,7 +10,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from lightning_ext._per_rank.markers import (
+from lightning_ext._files.markers import (
     FORMAT,
     SUFFIX,
     encode_marker,
@@ -18,8 +18,8 @@ from lightning_ext._per_rank.markers import (
     remove_markers,
     write_marker,
 )
-from lightning_ext._per_rank.parted_file import PartedFile
-from lightning_ext._per_rank.storage import LocalFile, join, split_location, write_whole
+from lightning_ext._files.parted_file import PartedFile
+from lightning_ext._files.storage import LocalFile, join, split_location, write_whole
 
 __all__ = ["FileOutput", "storage_for"]
 

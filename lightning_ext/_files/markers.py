@@ -7,7 +7,7 @@ import os
 import socket
 from typing import Any
 
-from lightning_ext._per_rank.storage import join, split_location, write_whole
+from lightning_ext._files.storage import join, split_location, write_whole
 
 __all__ = [
     "FORMAT",

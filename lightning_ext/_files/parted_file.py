@@ -8,9 +8,9 @@ from collections.abc import Sequence
 
 from fsspec import AbstractFileSystem
 
-from lightning_ext._per_rank.csv_format import STEP, encode_rows, whole_number
-from lightning_ext._per_rank.durable import complete_prefix_length
-from lightning_ext._per_rank.storage import Row, Start, free_name, glob_escape, records, warn_repaired
+from lightning_ext._files.csv_format import STEP, encode_rows, whole_number
+from lightning_ext._files.durable import complete_prefix_length
+from lightning_ext._files.storage import Row, Start, free_name, glob_escape, records, warn_repaired
 
 __all__ = ["PartedFile", "read_chunks"]
 

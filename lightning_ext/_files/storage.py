@@ -13,7 +13,7 @@ from fsspec import AbstractFileSystem
 from fsspec.core import url_to_fs
 from fsspec.implementations.local import LocalFileSystem
 
-from lightning_ext._per_rank.csv_format import (
+from lightning_ext._files.csv_format import (
     STEP,
     Cell,
     check_header,
@@ -23,7 +23,7 @@ from lightning_ext._per_rank.csv_format import (
     split_header,
     whole_number,
 )
-from lightning_ext._per_rank.durable import (
+from lightning_ext._files.durable import (
     append_all,
     complete_prefix_length,
     fsync_directory,

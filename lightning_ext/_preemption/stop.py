@@ -17,10 +17,10 @@ from lightning.fabric.plugins.environments.slurm import SLURMEnvironment
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from lightning_ext._hang import stop_checkpoint
-from lightning_ext._hang.facts import SignalConsumer
-from lightning_ext._hang.lockstep import raise_record
-from lightning_ext._hang.watchdog import Watchdog
+from lightning_ext._preemption import checkpoint as stop_checkpoint
+from lightning_ext._watch.facts import SignalConsumer
+from lightning_ext._checks.lockstep import raise_record
+from lightning_ext._watch.watchdog import Watchdog
 from lightning_ext.errors import mark_joint
 from lightning_ext.policies import PolicyLike, VotePolicy, VoteTally, resolve_policy
 

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 from numpy.typing import NDArray
 
-from lightning_ext._per_rank.csv_format import EPOCH, NA_CELLS, STEP, decode, parse_body, split_header
+from lightning_ext._files.csv_format import EPOCH, NA_CELLS, STEP, decode, parse_body, split_header
 
 __all__ = [
     "BLOCK_BYTES",

@@ -9,9 +9,9 @@ from typing import Any
 
 from fsspec import AbstractFileSystem
 
-from lightning_ext._per_rank.csv_format import HOST_SUFFIX
-from lightning_ext._per_rank.markers import SUFFIX, parse_marker
-from lightning_ext._per_rank.storage import glob_escape, split_location
+from lightning_ext._files.csv_format import HOST_SUFFIX
+from lightning_ext._files.markers import SUFFIX, parse_marker
+from lightning_ext._files.storage import glob_escape, split_location
 
 __all__ = ["RankFiles", "list_rank_files"]
 

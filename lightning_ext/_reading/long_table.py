@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 from numpy.typing import NDArray
 
-from lightning_ext._per_rank.csv_format import EPOCH, RANK, STEP
+from lightning_ext._files.csv_format import EPOCH, RANK, STEP
 
 __all__ = ["Columns"]
 

@@ -14,16 +14,16 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from lightning_ext import _collective
-from lightning_ext._hang.facts import Recorder
-from lightning_ext._hang.stall_causes import Thresholds, is_stalled, report_text, summarize, thresholds
-from lightning_ext._hang.stall_end import (
+from lightning_ext._watch.facts import Recorder
+from lightning_ext._stall.causes import Thresholds, is_stalled, report_text, summarize, thresholds
+from lightning_ext._stall.ending import (
     StallEnding,
     StallInterrupt,
     defer_child_observer,
     restore_child_observer,
 )
-from lightning_ext._hang.stall_facts import RankReport, checkpoint_work, collect, launched, liveness, progress_marks
-from lightning_ext._hang.watchdog import ANSWER_TIMEOUT, ErrorRecord, Watchdog, ask
+from lightning_ext._stall.rank_report import RankReport, checkpoint_work, collect, launched, liveness, progress_marks
+from lightning_ext._watch.watchdog import ANSWER_TIMEOUT, ErrorRecord, Watchdog, ask
 from lightning_ext.errors import is_joint
 
 __all__ = ["OnStall", "StallMonitor", "StallOptions", "introduction", "start"]

@@ -17,7 +17,7 @@ from typing import Any
 
 import psutil
 
-from lightning_ext._hang.facts import Call, Facts, Recorder
+from lightning_ext._watch.facts import Call, Facts, Recorder
 
 __all__ = ["Liveness", "RankReport", "checkpoint_work", "collect", "launched", "liveness", "progress_marks"]
 

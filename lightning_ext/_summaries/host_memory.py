@@ -4,7 +4,7 @@ import math
 
 import pandas as pd
 
-from lightning_ext._per_rank.csv_format import HOST_USED_BYTES, RSS_BYTES, WORKERS_RSS_BYTES
+from lightning_ext._files.csv_format import HOST_USED_BYTES, RSS_BYTES, WORKERS_RSS_BYTES
 
 __all__ = ["HOST_SHARE", "host_memory"]
 

@@ -9,10 +9,10 @@ import numpy as np
 import pandas as pd
 from numpy.typing import NDArray
 
-from lightning_ext._per_rank.csv_format import STEP_S
-from lightning_ext._per_rank.heatmap import draw_heatmap
-from lightning_ext._per_rank.spread import MAD_SCALE, MEAN_AD_SCALE, metric_names
-from lightning_ext._per_rank.time_plot import draw_time_row, is_time_column
+from lightning_ext._files.csv_format import STEP_S
+from lightning_ext._summaries.heatmap import draw_heatmap
+from lightning_ext._summaries.spread import MAD_SCALE, MEAN_AD_SCALE, metric_names
+from lightning_ext._summaries.time_plot import draw_time_row, is_time_column
 
 __all__ = [
     "BANDS",

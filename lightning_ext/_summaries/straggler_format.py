@@ -10,9 +10,9 @@ from typing import Any
 
 import pandas as pd
 
-from lightning_ext._per_rank.host_memory import HOST_SHARE
-from lightning_ext._per_rank.stragglers import CHRONIC, MIN_SHARE, PHASES
-from lightning_ext._per_rank.summary_format import csv_text, json_value
+from lightning_ext._summaries.host_memory import HOST_SHARE
+from lightning_ext._summaries.stragglers import CHRONIC, MIN_SHARE, PHASES
+from lightning_ext._summaries.number_format import csv_text, json_value
 
 __all__ = [
     "RULE",

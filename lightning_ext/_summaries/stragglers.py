@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 from numpy.typing import NDArray
 
-from lightning_ext._per_rank.csv_format import (
+from lightning_ext._files.csv_format import (
     BACKWARD_S,
     COLLECTIVES_S,
     DATA_WAIT_S,

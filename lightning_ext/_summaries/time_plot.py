@@ -7,9 +7,9 @@ import numpy as np
 import pandas as pd
 from numpy.typing import NDArray
 
-from lightning_ext._per_rank.csv_format import TELEMETRY
-from lightning_ext._per_rank.heatmap import draw_heatmap
-from lightning_ext._per_rank.stragglers import PHASES, RankTimes, rank_times, verdict
+from lightning_ext._files.csv_format import TELEMETRY
+from lightning_ext._summaries.heatmap import draw_heatmap
+from lightning_ext._summaries.stragglers import PHASES, RankTimes, rank_times, verdict
 
 __all__ = ["draw_time_row", "is_time_column", "own_time"]
 

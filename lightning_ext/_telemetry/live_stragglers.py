@@ -13,9 +13,9 @@ from typing import Any, Protocol
 
 import pandas as pd
 
-from lightning_ext._per_rank.straggler_format import duration, step_ranges
-from lightning_ext._per_rank.stragglers import rank_times, verdict
-from lightning_ext._per_rank.telemetry import Telemetry, WindowRow
+from lightning_ext._summaries.straggler_format import duration, step_ranges
+from lightning_ext._summaries.stragglers import rank_times, verdict
+from lightning_ext._telemetry.telemetry import Telemetry, WindowRow
 from lightning_ext.errors import StragglerWarning
 
 __all__ = ["ANSWER_WAIT", "CHECK", "CHECK_EVERY_S", "WINDOW", "Mailbox", "StragglerWatch", "warning_text"]
@@ -27,7 +27,7 @@ CHECK_EVERY_S = 30.0  # after a check, the next starts this many seconds later a
 
 
 class Mailbox(Protocol):
-    """What the check needs of a rank's watchdog (``lightning_ext._hang.watchdog.Watchdog``)."""
+    """What the check needs of a rank's watchdog (``lightning_ext._watch.watchdog.Watchdog``)."""
 
     @property
     def answers(self) -> dict[str, Callable[[], object]]:  # requests this rank answers, by kind

@@ -8,7 +8,7 @@ from typing import Any, TypeVar
 
 from torch.autograd import Variable
 
-from lightning_ext._per_rank.csv_format import (
+from lightning_ext._files.csv_format import (
     BACKWARD_S,
     COLLECTIVES_S,
     DATA_WAIT_S,

@@ -14,7 +14,7 @@ from typing import Any
 
 import psutil
 
-from lightning_ext._per_rank.csv_format import (
+from lightning_ext._files.csv_format import (
     CUDA_ALLOCATED_BYTES,
     CUDA_PEAK_BYTES,
     HOST_SUFFIX,
@@ -22,9 +22,9 @@ from lightning_ext._per_rank.csv_format import (
     RSS_BYTES,
     WORKERS_RSS_BYTES,
 )
-from lightning_ext._per_rank.step_timer import COLLECTIVES, DATA_WAIT, GradientWait, StepTimer, timing
-from lightning_ext._per_rank.storage import write_whole
-from lightning_ext._per_rank.stragglers import TIMES
+from lightning_ext._telemetry.step_timer import COLLECTIVES, DATA_WAIT, GradientWait, StepTimer, timing
+from lightning_ext._files.storage import write_whole
+from lightning_ext._summaries.stragglers import TIMES
 from lightning_ext.errors import RankMetricsWarning
 
 __all__ = ["Telemetry", "WindowRow", "host_record"]

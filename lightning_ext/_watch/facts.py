@@ -17,8 +17,8 @@ from typing import Any
 
 import torch.distributed as dist
 
-from lightning_ext._hang.progress import Progress, progress_of
-from lightning_ext._hang.sites import called_as, user_site
+from lightning_ext._watch.progress import Progress, progress_of
+from lightning_ext._watch.sites import called_as, user_site
 
 __all__ = ["COUNTED", "Call", "Facts", "Recorder", "SignalConsumer", "make_call"]
 

@@ -13,7 +13,7 @@ from datetime import timedelta
 from typing import Any
 
 from lightning_ext import _collective
-from lightning_ext._hang.facts import Facts, Recorder
+from lightning_ext._watch.facts import Facts, Recorder
 
 __all__ = ["ANSWER_TIMEOUT", "ErrorRecord", "Watchdog", "ask", "mail"]
 

@@ -11,9 +11,9 @@ from typing_extensions import override
 from lightning_ext import _collective
 from lightning_ext._collective import RankGroup
 from lightning_ext._decisions import checkpoint, early_stopping
-from lightning_ext._hang.guard import HangChecks, HangGuard, UnevenMode, validate_options
-from lightning_ext._hang.stall import StallOptions
-from lightning_ext._hang.stop import resolve_preemption_policy
+from lightning_ext._checks.guard import HangChecks, HangGuard, UnevenMode, validate_options
+from lightning_ext._stall.monitor import StallOptions
+from lightning_ext._preemption.stop import resolve_preemption_policy
 from lightning_ext._packages.choice import (
     Package,
     check_one_package,
@@ -21,11 +21,12 @@ from lightning_ext._packages.choice import (
     parts_of_run,
     strategy_for_other_package,
 )
-from lightning_ext._per_rank import local_values, step_timer
-from lightning_ext._per_rank.decision_file import DecisionFile
+from lightning_ext._per_rank import local_values
+from lightning_ext._telemetry import step_timer
+from lightning_ext._decisions.record_file import DecisionFile
 from lightning_ext._per_rank.logger import RankCSVLogger, loggers_for
-from lightning_ext._per_rank.straggler_watch import start_telemetry
-from lightning_ext._per_rank.telemetry import Telemetry
+from lightning_ext._telemetry.live_stragglers import start_telemetry
+from lightning_ext._telemetry.telemetry import Telemetry
 from lightning_ext._per_rank.tensorboard_files import event_files_for
 from lightning_ext._setup import checks as setup_checks
 from lightning_ext._sync import hooks as sync_hooks

@@ -1,7 +1,7 @@
 """The pitfalls that freeze Lightning DDP jobs, as real launched jobs: ours end with the named error on every rank.
 
 The scenarios of ``tests/helpers/scripts/hang_scenarios.py`` run under Lightning's default launcher (popen) where the
-pitfall matrix (tests/hang/test_pitfall_matrix.py) does not already run them, some with ``start_method="spawn"`` and
+pitfall matrix (tests/checks/test_pitfall_matrix.py) does not already run them, some with ``start_method="spawn"`` and
 under torchrun (2 nodes x 1 process, on loopback). With ``PolicyDDPStrategy`` every
 rank must end with the same error, naming the culprit and the fix, within 30 s of the first rank reaching the point of
 divergence, with its per-rank rows flushed. The same scripts with stock ``DDPStrategy`` are shown hanging (cut by a
@@ -223,7 +223,7 @@ def rows_kept(log_dir: Path, rank: str) -> int:
 
 
 # the scenarios run under the default launcher here: the others' pitfalls run in every hook at 2, 3 and 4 ranks in
-# tests/hang/test_pitfall_matrix.py, and here only under spawn and torchrun (and stock)
+# tests/checks/test_pitfall_matrix.py, and here only under spawn and torchrun (and stock)
 POPEN = (
     "log_on_rank_zero_epoch_end",
     "uneven_iterable_train",

@@ -1,5 +1,5 @@
 """What the hang checks' errors say first, in one process: the culprit from the facts, and a first line that stays short
-at any world size (1,024 ranks here; 8 in a launched job, tests/hang/test_pitfall_matrix.py).
+at any world size (1,024 ranks here; 8 in a launched job, tests/checks/test_pitfall_matrix.py).
 
 Points and facts are written by hand, as the ranks would report them; the expected first lines are written out here.
 """
@@ -16,11 +16,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from lightning_ext import errors
-from lightning_ext._hang.facts import Call, Facts
-from lightning_ext._hang.messages import describe_deadlock, describe_divergence
-from lightning_ext._hang.points import Point
-from lightning_ext._hang.progress import Progress
-from lightning_ext._hang.wording import grouped_lines, ranks_text
+from lightning_ext._watch.facts import Call, Facts
+from lightning_ext._checks.messages import describe_deadlock, describe_divergence
+from lightning_ext._checks.points import Point
+from lightning_ext._watch.progress import Progress
+from lightning_ext._watch.rank_text import grouped_lines, ranks_text
 
 LIMIT = 200  # characters of a first line, at any world size
 SCRIPT = "/home/user/project/train.py"
@@ -293,7 +293,7 @@ def test_a_call_that_lightning_makes_with_no_user_frame_on_the_stack_is_lightnin
     thread whose first frame is a function compiled as Lightning's own file (the stdlib's threading below it)."""
     import lightning.pytorch.trainer.trainer as lightning_trainer
 
-    from lightning_ext._hang.sites import called_as
+    from lightning_ext._watch.sites import called_as
 
     namespace: dict[str, Any] = {}
     code = "def _run(out):\n    out.append(called_as(sys._getframe()))\n"
@@ -308,8 +308,8 @@ def test_a_call_that_lightning_makes_with_no_user_frame_on_the_stack_is_lightnin
 def test_a_users_broadcast_does_not_pass_as_the_broadcast_lightning_makes_on_the_other_ranks() -> None:
     """Lightning 2.5's ModelCheckpoint broadcasts on every rank in each validation: a rank-guarded broadcast of the
     user's on rank 0 met it at the check and passed, mixing up the two values (found by the pitfall matrix)."""
-    from lightning_ext._hang.points import collective_point
-    from lightning_ext._hang.sites import Caller
+    from lightning_ext._checks.points import collective_point
+    from lightning_ext._watch.sites import Caller
 
     users = collective_point("strategy.broadcast(src=0)", ("broadcast", 0), Caller(None, "m.py:4 in f", False))
     lightnings = Caller("ModelCheckpoint.file_exists, in Trainer.fit", "train.py:9 in <module>", True)

@@ -42,7 +42,7 @@ PLACES = (
 # the calls under `if self.trainer.is_global_zero:` (keys: every rank logs a key of its own); in training_step and
 # on_train_batch_end a logged metric does not sync (a step value), and an unchecked all_gather or torch.distributed
 # call meets the other ranks' DDP gradient all-reduce, which no check stands before (hang_checks="debug" checks
-# every all_gather: tests/hang/test_launched.py; a raw torch.distributed call there is the stall report's)
+# every all_gather: tests/checks/test_launched.py; a raw torch.distributed call there is the stall report's)
 CALLS = ("log", "metric", "keys", "log_dir", "save_checkpoint", "barrier", "broadcast", "all_gather", "all_reduce")
 IN_TRAINING_STEPS = ("log", "keys", "log_dir", "save_checkpoint", "barrier", "broadcast")
 EVERY = [

@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lightning_ext import PolicyDDPStrategy, Quorum
-from lightning_ext._hang.stop import _other_handlers, resolve_preemption_policy
+from lightning_ext._preemption.stop import _other_handlers, resolve_preemption_policy
 from tests.helpers import search
 from tests.helpers.pool import RankPool
 from tests.helpers.preemption_tasks import EPOCHS, PHASES, TRAIN_BATCHES, mark, rank_rows

@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lightning_ext import RankMetricsError, RankMetricsWarning, read_rank_metrics
-from lightning_ext._per_rank import fast_csv as _fast_csv
+from lightning_ext._reading import fast_csv as _fast_csv
 from lightning_ext.rank_metrics import MixedRunsError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -237,7 +237,7 @@ def test_without_pyarrow_installed_the_table_is_the_same(tmp_path):
     many_ranks(tmp_path)
     script = (
         "import sys; sys.modules['pyarrow'] = None\n"
-        "from lightning_ext._per_rank.fast_csv import default_engine\n"
+        "from lightning_ext._reading.fast_csv import default_engine\n"
         "from lightning_ext import read_rank_metrics\n"
         "assert default_engine() == 'pandas', default_engine()\n"
         f"read_rank_metrics({str(tmp_path)!r}).to_pickle({str(tmp_path / 'without.pkl')!r})\n"

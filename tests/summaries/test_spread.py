@@ -9,8 +9,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from lightning_ext._per_rank import heatmap
-from lightning_ext._per_rank import plots as _rank_plots
+from lightning_ext._summaries import heatmap
+from lightning_ext._summaries import plots as _rank_plots
 from lightning_ext.rank_spread import rank_values, robust_z, summarize_ranks
 
 RANKS = 40
@@ -161,9 +161,9 @@ def test_the_time_heatmap_pools_as_the_metrics_one_the_slowest_rank_and_a_stoppe
 
 
 def test_every_summary_writes_nan_as_an_empty_csv_cell_and_infinity_as_inf():
-    from lightning_ext._per_rank.spread import MetricSpread, RankValue
-    from lightning_ext._per_rank.spread_format import spreads_csv
-    from lightning_ext._per_rank.straggler_format import stragglers_csv
+    from lightning_ext._summaries.spread import MetricSpread, RankValue
+    from lightning_ext._summaries.spread_format import spreads_csv
+    from lightning_ext._summaries.straggler_format import stragglers_csv
 
     spread = MetricSpread(
         "loss", 2, (), math.nan, 1.0, math.inf, math.nan, 0.0, "MAD", (RankValue(1, math.inf, 3, math.nan),)

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from lightning_ext import PerRankMetrics
-from lightning_ext._per_rank import step_timer
+from lightning_ext._telemetry import step_timer
 from lightning_ext._per_rank.logger import RankCSVLogger
-from lightning_ext._per_rank.step_timer import (
+from lightning_ext._telemetry.step_timer import (
     BACKWARD,
     COLLECTIVES,
     FORWARD,
@@ -22,7 +22,7 @@ from lightning_ext._per_rank.step_timer import (
     timed,
     timed_backward,
 )
-from lightning_ext._per_rank.telemetry import Telemetry
+from lightning_ext._telemetry.telemetry import Telemetry
 from lightning_ext.errors import RankMetricsWarning
 
 MS = 1_000_000  # ns

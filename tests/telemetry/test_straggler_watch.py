@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from lightning_ext._per_rank import straggler_watch
-from lightning_ext._per_rank.straggler_watch import CHECK, WINDOW, StragglerWatch
+from lightning_ext._telemetry import live_stragglers as straggler_watch
+from lightning_ext._telemetry.live_stragglers import CHECK, WINDOW, StragglerWatch
 from lightning_ext.errors import StragglerWarning
 
 
