@@ -12,10 +12,11 @@ from typing import Any
 
 import pandas as pd
 
-from lightning_ext._files.csv_format import GRADIENT_WAIT_S, RSS_BYTES, STEP_S, TELEMETRY_COLUMNS
 from lightning_ext._decisions.record_format import COLUMNS, changed_something, json_row
+from lightning_ext._files.csv_format import GRADIENT_WAIT_S, RSS_BYTES, STEP_S, TELEMETRY_COLUMNS
 from lightning_ext._reading.reader import ReadReport, Request, read_table
 from lightning_ext._reading.same_run import rank_ranges
+from lightning_ext._summaries.number_format import csv_text, json_value
 from lightning_ext._summaries.spread import MetricSpread
 from lightning_ext._summaries.spread_format import furthest_table, spread_records, spreads_csv, stats_table
 from lightning_ext._summaries.straggler_format import (
@@ -26,7 +27,6 @@ from lightning_ext._summaries.straggler_format import (
     stragglers_text,
 )
 from lightning_ext._summaries.stragglers import phase_medians
-from lightning_ext._summaries.number_format import csv_text, json_value
 from lightning_ext.decision_record import read_record
 from lightning_ext.rank_metrics import DEFAULT_FILENAME, read_rank_hosts
 from lightning_ext.rank_spread import (

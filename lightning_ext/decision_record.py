@@ -8,8 +8,8 @@ from typing import Any
 
 import pandas as pd
 
-from lightning_ext._files.csv_format import decode, iter_records, split_header
 from lightning_ext._decisions.record_format import COLUMNS, FILENAME, check_one_run, decode_row
+from lightning_ext._files.csv_format import decode, iter_records, split_header
 from lightning_ext._files.durable import complete_prefix_length
 from lightning_ext._files.markers import describe, read_rank_marker
 from lightning_ext._files.parted_file import read_chunks

@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from lightning_ext._watch.facts import Call, Facts
 from lightning_ext._checks.points import Point
+from lightning_ext._watch.facts import Call, Facts
 
 __all__ = ["Stand", "blocked_stand", "culprits", "extra_call_stands", "split_keys", "stand_at"]
 

@@ -11,16 +11,16 @@ from torch import Tensor
 from torch.nn.parallel import DistributedDataParallel
 
 from lightning_ext import _collective, errors
-from lightning_ext._exchange_rounds import Carried
 from lightning_ext._checks import loaders, logs
-from lightning_ext._stall import monitor as stall
-from lightning_ext._watch.facts import Recorder, SignalConsumer
-from lightning_ext._checks.lockstep import Lockstep, raise_record, record_of
+from lightning_ext._checks.lockstep import Lockstep, record_of
 from lightning_ext._checks.messages import signalled_message
 from lightning_ext._checks.points import Point, collective_point
-from lightning_ext._watch.sites import called_as
+from lightning_ext._exchange_rounds import Carried
 from lightning_ext._preemption.stop import StopController
-from lightning_ext._watch.watchdog import Watchdog
+from lightning_ext._stall import monitor as stall
+from lightning_ext._watch.facts import Recorder, SignalConsumer
+from lightning_ext._watch.sites import called_as
+from lightning_ext._watch.watchdog import Watchdog, raise_record
 from lightning_ext.errors import is_joint
 from lightning_ext.policies import VotePolicy
 
@@ -234,8 +234,8 @@ class HangGuard:
         lockstep.watchdog.post(record_of(error, rank, joint=False, recorder=lockstep.recorder))
 
     def _on_signal(self, name: str, text: str) -> SignalConsumer | None:
-        """In a fit, request the coordinated stop (:mod:`~lightning_ext._preemption.stop`); otherwise, on SIGTERM, end every
-        rank with one ``RankSignalledError`` instead of running Lightning's handler.
+        """In a fit, request the coordinated stop (:mod:`~lightning_ext._preemption.stop`); otherwise, on SIGTERM, end
+        every rank with one ``RankSignalledError`` instead of running Lightning's handler.
 
         Lightning's SIGTERM handler makes a collective call (a broadcast) on the signalled rank alone, which pairs with
         whatever collective the other ranks make next: the job hangs (Lightning #20806) or mixes up values. Here the

@@ -9,15 +9,15 @@ from contextlib import AbstractContextManager, nullcontext
 from typing import NoReturn
 
 from lightning_ext import _collective, errors
-from lightning_ext._exchange_rounds import Carried
-from lightning_ext._watch.facts import Recorder
 from lightning_ext._checks.messages import describe_deadlock, describe_divergence, signalled_message
 from lightning_ext._checks.points import Label, Point, fingerprint_at, labelled
 from lightning_ext._checks.verdict import deadlock
-from lightning_ext._watch.watchdog import ErrorRecord, Watchdog
+from lightning_ext._exchange_rounds import Carried
+from lightning_ext._watch.facts import Recorder
+from lightning_ext._watch.watchdog import ErrorRecord, Watchdog, raise_record
 from lightning_ext.errors import mark_joint
 
-__all__ = ["Lockstep", "raise_record", "record_of"]
+__all__ = ["Lockstep", "record_of"]
 
 _FIRST_WAIT = 2.0  # seconds before a waiting rank first asks the others for their facts
 _NEXT_WAIT = 1.0  # then between two looks, doubling up to _MAX_WAIT (only when to look: no verdict depends on it)
@@ -183,9 +183,3 @@ def record_of(error: BaseException, rank: int, *, joint: bool, recorder: Recorde
     text = "".join(traceback.format_exception(error)).rstrip()
     message = f"Rank {rank} failed with {type(error).__name__}: {error}\n--- rank {rank} traceback ---\n{text}"
     return ErrorRecord("RankFailedError", message, rank, joint)
-
-
-def raise_record(record: ErrorRecord, cause: BaseException | None = None) -> NoReturn:
-    """Raise the error a board entry describes (same class, same message, on whichever rank reads it)."""
-    cls = getattr(errors, record.cls, errors.RankFailedError)
-    raise mark_joint(cls(record.message)) from cause

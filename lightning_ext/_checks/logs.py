@@ -7,9 +7,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from lightning_ext._exchange_rounds import Carried
 from lightning_ext._checks.lockstep import Lockstep
 from lightning_ext._checks.points import Point, collective_point
+from lightning_ext._exchange_rounds import Carried
 from lightning_ext._watch.sites import called_as
 from lightning_ext._watch.sites import user_site as site_of
 

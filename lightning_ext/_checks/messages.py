@@ -12,9 +12,9 @@ from typing import Any
 
 from lightning_ext import errors
 from lightning_ext._checks.culprit import Stand, blocked_stand, culprits, extra_call_stands, split_keys, stand_at
-from lightning_ext._watch.facts import Facts
 from lightning_ext._checks.points import LOGGING, Point
 from lightning_ext._checks.uneven_text import loaders_headline, uneven
+from lightning_ext._watch.facts import Facts
 from lightning_ext._watch.rank_text import FIRST_LINE, doing, grouped_lines, ranks_text, short_site, shortened
 
 __all__ = ["FIXES", "describe_deadlock", "describe_divergence", "first_line", "signalled_message"]

@@ -19,8 +19,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from lightning_ext._preemption import checkpoint as stop_checkpoint
 from lightning_ext._watch.facts import SignalConsumer
-from lightning_ext._checks.lockstep import raise_record
-from lightning_ext._watch.watchdog import Watchdog
+from lightning_ext._watch.watchdog import Watchdog, raise_record
 from lightning_ext.errors import mark_joint
 from lightning_ext.policies import PolicyLike, VotePolicy, VoteTally, resolve_policy
 

@@ -8,7 +8,6 @@ import numpy as np
 import pandas as pd
 from numpy.typing import NDArray
 
-from lightning_ext._reading.long_table import Columns
 from lightning_ext._files.csv_format import (
     EPOCH,
     RANK,
@@ -17,10 +16,11 @@ from lightning_ext._files.csv_format import (
     check_template,
     whole_numbers,
 )
-from lightning_ext._reading.fast_csv import ENGINES, SplitFile, default_engine, parse_exact, parse_pieces, split_file
-from lightning_ext._reading.log_dir_files import RankFiles, list_rank_files
 from lightning_ext._files.markers import describe
 from lightning_ext._files.parted_file import read_chunks
+from lightning_ext._reading.fast_csv import ENGINES, SplitFile, default_engine, parse_exact, parse_pieces, split_file
+from lightning_ext._reading.log_dir_files import RankFiles, list_rank_files
+from lightning_ext._reading.long_table import Columns
 from lightning_ext._reading.same_run import RankInfo, check_one_run, check_rotations, rank_ranges
 from lightning_ext.errors import RankMetricsError
 

@@ -12,8 +12,8 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
-from lightning_ext._watch.facts import Recorder
 from lightning_ext._stall.rank_report import launched, liveness
+from lightning_ext._watch.facts import Recorder
 from lightning_ext._watch.watchdog import ErrorRecord
 
 __all__ = ["StallEnding", "StallInterrupt", "defer_child_observer", "disarm_child_observer", "restore_child_observer"]

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from lightning_ext import _collective
-from lightning_ext._watch.facts import Recorder
 from lightning_ext._stall.causes import Thresholds, is_stalled, report_text, summarize, thresholds
 from lightning_ext._stall.ending import (
     StallEnding,
@@ -23,6 +22,7 @@ from lightning_ext._stall.ending import (
     restore_child_observer,
 )
 from lightning_ext._stall.rank_report import RankReport, checkpoint_work, collect, launched, liveness, progress_marks
+from lightning_ext._watch.facts import Recorder
 from lightning_ext._watch.watchdog import ANSWER_TIMEOUT, ErrorRecord, Watchdog, ask
 from lightning_ext.errors import is_joint
 

@@ -4,8 +4,8 @@ from typing import Any
 
 import pandas as pd
 
-from lightning_ext._summaries.spread import OUTLIER, MetricSpread, RankValue
 from lightning_ext._summaries.number_format import csv_text, json_value
+from lightning_ext._summaries.spread import OUTLIER, MetricSpread, RankValue
 
 __all__ = ["furthest_table", "spread_records", "spreads_csv", "stats_table"]
 

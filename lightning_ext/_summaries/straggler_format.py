@@ -11,8 +11,8 @@ from typing import Any
 import pandas as pd
 
 from lightning_ext._summaries.host_memory import HOST_SHARE
-from lightning_ext._summaries.stragglers import CHRONIC, MIN_SHARE, PHASES
 from lightning_ext._summaries.number_format import csv_text, json_value
+from lightning_ext._summaries.stragglers import CHRONIC, MIN_SHARE, PHASES
 
 __all__ = [
     "RULE",

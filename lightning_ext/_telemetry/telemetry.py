@@ -22,9 +22,9 @@ from lightning_ext._files.csv_format import (
     RSS_BYTES,
     WORKERS_RSS_BYTES,
 )
-from lightning_ext._telemetry.step_timer import COLLECTIVES, DATA_WAIT, GradientWait, StepTimer, timing
 from lightning_ext._files.storage import write_whole
 from lightning_ext._summaries.stragglers import TIMES
+from lightning_ext._telemetry.step_timer import COLLECTIVES, DATA_WAIT, GradientWait, StepTimer, timing
 from lightning_ext.errors import RankMetricsWarning
 
 __all__ = ["Telemetry", "WindowRow", "host_record"]

@@ -10,12 +10,13 @@ import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, NoReturn
 
-from lightning_ext import _collective
+from lightning_ext import _collective, errors
 from lightning_ext._watch.facts import Facts, Recorder
+from lightning_ext.errors import mark_joint
 
-__all__ = ["ANSWER_TIMEOUT", "ErrorRecord", "Watchdog", "ask", "mail"]
+__all__ = ["ANSWER_TIMEOUT", "ErrorRecord", "Watchdog", "ask", "mail", "raise_record"]
 
 ANSWER_TIMEOUT = 5.0  # seconds a rank's watchdog gets to answer a request (a rank on another host included)
 _STOP_WAIT = timedelta(seconds=10)
@@ -229,3 +230,9 @@ _LIVE: "weakref.WeakSet[Watchdog]" = weakref.WeakSet()
 def _stop_live_watchdogs() -> None:
     for watchdog in list(_LIVE):
         watchdog.stop(_EXIT_WAIT)
+
+
+def raise_record(record: ErrorRecord, cause: BaseException | None = None) -> NoReturn:
+    """Raise the error a board entry describes (same class, same message, on whichever rank reads it)."""
+    cls = getattr(errors, record.cls, errors.RankFailedError)
+    raise mark_joint(cls(record.message)) from cause

@@ -15,8 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lightning_ext import DecisionRecordError, DecisionRecordWarning, read_decisions
-from lightning_ext._files import file_output
 from lightning_ext._decisions.record_file import DecisionFile
+from lightning_ext._files import file_output
 
 HEADER = (
     "run,step,epoch,time,callback,monitor,mode,policy,world_size,outcome,values,votes,yes,agreed,saved_as,removed,"

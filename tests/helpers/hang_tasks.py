@@ -126,10 +126,10 @@ def lockstep_verdicts(namespace: str, identities: list[Any]) -> list[Any]:
     call); return each verdict, or, where the ranks disagreed, the identities gathered from every rank."""
     import torch.distributed as dist
 
-    from lightning_ext._collective import CheckChannel
-    from lightning_ext._watch.facts import Recorder
     from lightning_ext._checks.lockstep import Lockstep
     from lightning_ext._checks.points import Point
+    from lightning_ext._collective import CheckChannel
+    from lightning_ext._watch.facts import Recorder
     from lightning_ext._watch.watchdog import Watchdog
 
     lockstep = _LOCKSTEPS.get(namespace)

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from lightning_ext import PerRankMetrics
-from lightning_ext._telemetry import step_timer
 from lightning_ext._per_rank.logger import RankCSVLogger
+from lightning_ext._telemetry import step_timer
 from lightning_ext._telemetry.step_timer import (
     BACKWARD,
     COLLECTIVES,
