@@ -305,9 +305,9 @@ class _SmallModel(L.LightningModule):
         scalars = convert_tensors_to_scalars(metrics)
         loss_metric, mae_metric = results["training_step.train_loss"], results["training_step.train_mae"]
         step = trainer.fit_loop.epoch_loop._batches_that_stepped + 1_000_000  # after every real row
-        events = rank_logger.events
-        if events is not None:
-            events.flush()  # the fit's own events are written before the timing starts
+        others = [sink for sink in rank_logger.sinks if sink is not rank_logger.csv]  # TensorBoard's, MLflow's, W&B's
+        for sink in others:
+            sink.flush()  # the fit's own rows are written before the timing starts
         process_cpu, cpu, wall = process_time_ns(), thread_time_ns(), perf_counter_ns()
         for row in range(self.row_loops):
             record_update(loss_metric, loss)
@@ -315,8 +315,8 @@ class _SmallModel(L.LightningModule):
             loggers_for(trainer, metrics)
             rank_logger.log_metrics(scalars, step + row)
             rank_logger.save()
-        if events is not None:
-            events.flush()  # the writer thread's share: every record's CRC and append
+        for sink in others:
+            sink.flush()  # what the sinks still hold (TensorBoard: its writer thread's CRCs and appends)
         self.loop_ns, self.loop_cpu_ns = perf_counter_ns() - wall, thread_time_ns() - cpu
         self.loop_process_cpu_ns = process_time_ns() - process_cpu
 
