@@ -244,3 +244,34 @@ def test_a_main_run_rank_0_could_not_make_is_named_by_every_ranks_sink(tmp_path:
     with pytest.warns(RankMetricsWarning, match=r"Per-rank MLflow run of rank 2 stopped: RuntimeError: rank 0 could"):
         assert sinks_for(_trainer(logger), 2, PerRankMetrics(), identities) == []
     assert EPOCHS == 2  # the launched fits' shape, which the expected values above assume
+
+
+def test_a_failing_wandb_client_warns_once_and_the_run_keeps_its_rows(tmp_path: Path, stores: None) -> None:
+    """W&B's client fails on the sender's thread: the training thread says so at its next row, once."""
+    pytest.importorskip("wandb")
+    logger = WandbLogger(project="ranks", save_dir=str(tmp_path))
+    identities = run_identities(_trainer(logger))
+    (sink,) = sinks_for(_trainer(logger), 3, PerRankMetrics(), identities)
+    sink.log_row({"loss": 1.0}, 0)
+    sink.flush()
+
+    def refuse(values: Any) -> None:
+        raise OSError("the W&B service went away")
+
+    sink._sender._log = refuse  # type: ignore[attr-defined]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        sink.log_row({"loss": 2.0}, 1)
+        sink.flush()
+        sink.log_row({"loss": 3.0}, 2)
+        sink.close(False)
+    ours = [str(w.message) for w in caught if issubclass(w.category, RankMetricsWarning)]
+    main = logger.experiment.id
+    assert ours == [
+        f"Per-rank W&B run of rank 3 stopped: OSError: the W&B service went away (while logging a row). Its run"
+        f" {main}-rank_3 keeps the values logged so far. Training goes on; this rank's CSV file, its other loggers'"
+        " runs and the other ranks are not affected."
+    ]
+    logger.experiment.finish()
+    (run,) = [run for run in offline_runs(tmp_path / "wandb") if run.name == "rank_3"]
+    assert run.curve("loss") == [(0, 1.0)] and run.exit_code == 1
