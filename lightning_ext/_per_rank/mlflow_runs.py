@@ -94,7 +94,7 @@ class RankMlflowRun:
         try:
             run_id = _CHILDREN.get(key) or (self._find() if main["resumed"] else None)
             if run_id is None:
-                tags = {PARENT_TAG: main["run_id"], "lightning_ext.rank": str(rank)}
+                tags = {PARENT_TAG: main["run_id"], "rank": str(rank)}
                 made = self._client.create_run(main["experiment_id"], run_name=f"rank_{rank}", tags=tags)
                 run_id = made.info.run_id
             _CHILDREN[key] = self.run_id = run_id
@@ -162,7 +162,7 @@ class RankMlflowRun:
     def _find(self) -> str | None:
         """The child of rank ``rank`` that an earlier process made under the resumed parent run, if any."""
         main = self._main
-        query = f"tags.`{PARENT_TAG}` = '{main['run_id']}' and tags.`lightning_ext.rank` = '{self._rank}'"
+        query = f"tags.`{PARENT_TAG}` = '{main['run_id']}' and tags.rank = '{self._rank}'"
         found = self._client.search_runs([main["experiment_id"]], filter_string=query, max_results=1)
         return str(found[0].info.run_id) if found else None
 

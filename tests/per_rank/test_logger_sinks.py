@@ -275,3 +275,27 @@ def test_a_failing_wandb_client_warns_once_and_the_run_keeps_its_rows(tmp_path: 
     logger.experiment.finish()
     (run,) = [run for run in offline_runs(tmp_path / "wandb") if run.name == "rank_3"]
     assert run.curve("loss") == [(0, 1.0)] and run.exit_code == 1
+
+
+def test_a_resumed_mlflow_run_finds_its_ranks_children_again(
+    tmp_path: Path, stores: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A new process logging to the same parent (``MLFlowLogger(run_id=...)``) appends to the same child runs."""
+    pytest.importorskip("mlflow")
+    from mlflow.tracking import MlflowClient
+
+    first = MLFlowLogger(tracking_uri=f"file:{tmp_path}/mlruns")
+    (sink,) = sinks_for(_trainer(first), 1, PerRankMetrics(), run_identities(_trainer(first)))
+    sink.log_row({"loss": 1.0}, 0)
+    sink.close(False)
+    monkeypatch.setattr(mlflow_runs, "_CHILDREN", {})  # another process: it knows of no child yet
+    resumed = MLFlowLogger(tracking_uri=f"file:{tmp_path}/mlruns", run_id=first.run_id)
+    identities = run_identities(_trainer(resumed))
+    assert identities[0] is not None and identities[0]["resumed"] == "yes"
+    (again,) = sinks_for(_trainer(resumed), 1, PerRankMetrics(), identities)
+    again.log_row({"loss": 2.0}, 1)
+    again.close(False)
+    assert again.run_id == sink.run_id  # type: ignore[attr-defined]
+    client = MlflowClient(f"file:{tmp_path}/mlruns")
+    assert _history(client, sink.run_id, "loss") == [(0, 1.0), (1, 2.0)]  # type: ignore[attr-defined]
+    assert len(client.search_runs([first.experiment_id])) == 2  # the parent and one child
