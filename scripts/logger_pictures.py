@@ -217,9 +217,11 @@ def plot(root: Path, main: dict[str, str], out: Path) -> None:
 
     runs = sorted((run for run in offline_runs(root / "wandb") if run.group == main["id"]), key=lambda run: run.name)
     figure, axes = plt.subplots(1, 2, figsize=(11, 3.8), constrained_layout=True)
-    for axis, (key, label) in zip(axes, ((METRIC, "data wait per batch (s)"), ("loss", "loss (the rank's own)"))):
+    for axis, (key, label) in zip(
+        axes, ((METRIC, "data wait per batch (s)"), ("loss", "loss (the rank's own)")), strict=True
+    ):
         for run in runs:
-            steps, values = zip(*run.curve(key))
+            steps, values = zip(*run.curve(key), strict=True)
             axis.plot(steps, values, label=run.name, linewidth=1.6)
         axis.set(title=key, xlabel="trainer/global_step", ylabel=label)
         axis.grid(alpha=0.3)
