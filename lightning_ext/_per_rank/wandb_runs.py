@@ -19,7 +19,8 @@ from lightning_ext._per_rank.writer import PerRankMetrics
 __all__ = ["STEP_KEY", "RankWandbRun", "identity", "rank_run_id", "sink_for"]
 
 STEP_KEY = "trainer/global_step"  # WandbLogger's step axis: every row carries it
-_QUEUED = 10_000  # rows waiting for the sender at most: beyond, a row waits for room (W&B's process is stuck)
+_QUEUED = 10_000  # rows waiting for the sender at most: beyond, W&B's client is stuck and the sink stops
+_WAIT_S = 30.0  # a flush or the end waits this long at most for the sender (never a hang, even before an error)
 
 
 def identity(logger: WandbLogger) -> Identity:
@@ -130,7 +131,7 @@ class RankWandbRun:
             if key is None:
                 key = keys[name] = self._prefix + metric_key(name, self._telemetry)
             values[key] = value
-        sender.put(values)
+        self._put(sender, values)
 
     def log_telemetry(self, row: Mapping[str, float], step: int) -> None:
         """Log a telemetry row's ``telemetry/*`` values."""
@@ -141,10 +142,16 @@ class RankWandbRun:
             self._stop(sender.error, "logging a row")
             return
         values = {self._prefix + name: value for name, value in telemetry_values(row).items()}
-        sender.put({**values, STEP_KEY: step})
+        self._put(sender, {**values, STEP_KEY: step})
+
+    def _put(self, sender: "_Sender", values: dict[str, float]) -> None:
+        try:
+            sender.put(values)
+        except queue.Full:
+            self._stop(RuntimeError(f"W&B's client has not taken the last {_QUEUED} rows"), "logging a row")
 
     def flush(self) -> None:
-        """Wait until every row queued so far is with W&B's own process."""
+        """Wait until every row queued so far is with W&B's own process (:data:`_WAIT_S` at most)."""
         sender = self._sender
         if self.stopped or sender is None:
             return
@@ -205,16 +212,20 @@ class _Sender:
         self._thread.start()
 
     def put(self, values: dict[str, float]) -> None:
-        self._queue.put(values)
+        """Queue a row; ``queue.Full`` when :data:`_QUEUED` rows already wait."""
+        self._queue.put_nowait(values)
 
     def wait(self) -> None:
-        """Return once every row put so far was handed over (or dropped after an error)."""
-        self._queue.join()
+        """Return once every row put so far was handed over (or dropped after an error), or after :data:`_WAIT_S`."""
+        done = self._queue.all_tasks_done
+        with done:
+            done.wait_for(lambda: not self._queue.unfinished_tasks, _WAIT_S)
 
     def end(self) -> None:
-        """Hand over what is queued, then end the thread."""
-        self._queue.put(None)
-        self._thread.join()
+        """Hand over what is queued, then end the thread (:data:`_WAIT_S` at most; the thread is a daemon)."""
+        with contextlib.suppress(queue.Full):  # a stuck client: the daemon thread is left to the process's end
+            self._queue.put(None, timeout=_WAIT_S)
+        self._thread.join(_WAIT_S)
 
     def _run(self) -> None:
         while True:

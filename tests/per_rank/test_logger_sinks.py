@@ -299,3 +299,34 @@ def test_a_resumed_mlflow_run_finds_its_ranks_children_again(
     client = MlflowClient(f"file:{tmp_path}/mlruns")
     assert _history(client, sink.run_id, "loss") == [(0, 1.0), (1, 2.0)]  # type: ignore[attr-defined]
     assert len(client.search_runs([first.experiment_id])) == 2  # the parent and one child
+
+
+def test_a_stuck_wandb_client_never_holds_the_training_thread(
+    tmp_path: Path, stores: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """W&B's client stops taking rows: a full queue stops the sink at once; a flush waits a bounded time."""
+    pytest.importorskip("wandb")
+    import threading
+
+    from lightning_ext._per_rank import wandb_runs
+
+    monkeypatch.setattr(wandb_runs, "_QUEUED", 3)
+    monkeypatch.setattr(wandb_runs, "_WAIT_S", 0.5)
+    logger = WandbLogger(project="ranks", save_dir=str(tmp_path))
+    (sink,) = sinks_for(_trainer(logger), 2, PerRankMetrics(), run_identities(_trainer(logger)))
+    release = threading.Event()
+    sink._sender._log = lambda values: release.wait(60)  # type: ignore[attr-defined]
+    start = time.monotonic()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for step in range(6):  # the first is taken (and stuck), three wait, the fifth finds the queue full
+            sink.log_row({"loss": float(step)}, step)
+        sink.flush()
+        sink.close(False)
+    release.set()
+    assert time.monotonic() - start < 30  # bounded: only a hang would take this long
+    ours = [str(w.message) for w in caught if issubclass(w.category, RankMetricsWarning)]
+    assert len(ours) == 1 and ours[0].startswith(
+        "Per-rank W&B run of rank 2 stopped: RuntimeError: W&B's client has not taken the last 3 rows (while logging"
+    )
+    logger.experiment.finish()
