@@ -12,7 +12,7 @@ from lightning_ext.check.findings import Finding, silenced
 from lightning_ext.check.guards import Guard
 from lightning_ext.check.names import Imports
 from lightning_ext.check.scope import MODULE, TRAINER, Scope, own_nodes
-from lightning_ext.check.walk import Function, Klass, Walker
+from lightning_ext.check.walk import Function, Klass, Walker, instance
 
 __all__ = ["check_source", "check_tree", "may_find"]
 
@@ -75,7 +75,7 @@ def check_tree(tree: ast.Module, source: str, path: str, package: str | None, lo
     for klass, node in _lightning_classes(classes, imports, top, lookup):
         for method in node.body:
             if isinstance(method, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                scope = klass.scope.inner(method, _roles(klass, method), set(), _first(method), method.name)
+                scope = klass.scope.inner(method, _roles(klass, method), set(), instance(method), method.name)
                 Walker(scope, report, top, functions, klass, True).function(method, None)
     return silenced(source, sorted(found.values()))
 
@@ -111,7 +111,7 @@ def _class_scope(top: Scope, methods: object, self_role: str | None) -> Scope:
     by rank or to a torchmetrics object."""
     ranks, metrics = set(), set()
     for method in methods:  # type: ignore[attr-defined]
-        name = _first(method)
+        name = instance(method)
         if name is None:
             continue
         scope = top.inner(method, {name: self_role} if self_role else {}, set(), name, None)
@@ -137,14 +137,11 @@ def _class_scope(top: Scope, methods: object, self_role: str | None) -> Scope:
 def _roles(klass: Klass, method: Function) -> dict[str, str]:
     """The roles of a method's parameters: its instance; a callback hook's ``trainer`` and ``pl_module``."""
     parameters = [argument.arg for argument in [*method.args.posonlyargs, *method.args.args]]
+    self_name = instance(method)
     roles = {}
-    if klass.self_role is not None and parameters:
-        roles[parameters[0]] = klass.self_role
-    if klass.self_role is None and len(parameters) >= 3 and method.name.startswith(("on_", "setup", "teardown")):
+    if klass.self_role is not None and self_name is not None:
+        roles[self_name] = klass.self_role
+    hook = self_name is not None and method.name.startswith(("on_", "setup", "teardown"))
+    if klass.self_role is None and hook and len(parameters) >= 3:
         roles[parameters[1]], roles[parameters[2]] = TRAINER, MODULE
     return roles
-
-
-def _first(method: Function) -> str | None:
-    parameters = [*method.args.posonlyargs, *method.args.args]
-    return parameters[0].arg if parameters else None

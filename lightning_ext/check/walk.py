@@ -13,9 +13,10 @@ from dataclasses import dataclass, field
 
 from lightning_ext.check.calls import KEYS, Collective, collective
 from lightning_ext.check.guards import ELSE, EXIT, IF, LOOP, Guard, rank_zero_only_decorator
+from lightning_ext.check.names import last_name
 from lightning_ext.check.scope import Scope, own_nodes
 
-__all__ = ["Klass", "Report", "Walker"]
+__all__ = ["Klass", "Report", "Walker", "instance"]
 
 Function = ast.FunctionDef | ast.AsyncFunctionDef
 Report = Callable[[ast.AST, str, str, "Guard | None"], None]  # (node, code, call text, guard)
@@ -191,8 +192,7 @@ class Walker:
         ):
             callee, klass = self.klass.methods[function.attr], self.klass
             roles, ranks = self._bound(call, callee, self.klass.self_role)
-            first = _parameters(callee)[0] if _parameters(callee) else None
-            scope = self.klass.scope.inner(callee, roles, ranks, first, self.scope.hook)
+            scope = self.klass.scope.inner(callee, roles, ranks, instance(callee), self.scope.hook)
         else:
             return
         walker = Walker(scope, self.report, self.top, self.functions, klass, False)
@@ -203,8 +203,8 @@ class Walker:
         whose instance has ``self_role``: from its second parameter on)."""
         parameters = _parameters(callee)
         roles = {}
-        if isinstance(call.func, ast.Attribute):  # a method: its first parameter is the instance
-            if self_role is not None and parameters:
+        if isinstance(call.func, ast.Attribute) and instance(callee) is not None:  # a method: the instance first
+            if self_role is not None:
                 roles[parameters[0]] = self_role
             parameters = parameters[1:]
         pairs = [*zip(parameters, call.args, strict=False)]
@@ -221,3 +221,11 @@ class Walker:
 
 def _parameters(function: Function) -> list[str]:
     return [argument.arg for argument in [*function.args.posonlyargs, *function.args.args]]
+
+
+def instance(method: Function) -> str | None:
+    """The name of a method's instance parameter (``self``); ``None`` for a static or class method, or none."""
+    if any(last_name(decorator) in ("staticmethod", "classmethod") for decorator in method.decorator_list):
+        return None
+    parameters = _parameters(method)
+    return parameters[0] if parameters else None

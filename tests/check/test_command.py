@@ -134,3 +134,15 @@ def test_a_base_class_from_another_file_checked_with_it_makes_a_lightning_module
     process = _run("-m", "lightning_ext.check", ".", cwd=tmp_path)
     assert process.stdout.splitlines()[0].startswith("train.py:7:13: LX203"), process.stdout
     assert _run("-m", "lightning_ext.check", "train.py", cwd=tmp_path).returncode == 0  # alone: no LightningModule
+
+
+def test_a_bare_noqa_silences_every_code_on_its_line(tmp_path: Path) -> None:
+    """(The corpus cannot hold a bare ``# noqa``: ruff's RUF100 removes one that silences none of ruff's codes.)"""
+    source = (CORPUS / "barrier_training_step.py").read_text()
+    marked = tmp_path / "marked.py"
+    marked.write_text(
+        source.replace("self.trainer.strategy.barrier()  # expect: LX203", "self.trainer.strategy.barrier()  # noqa")
+    )
+    assert marked.read_text() != source
+    assert _run("-m", "lightning_ext.check", str(marked)).returncode == 0
+    assert _run("-m", "lightning_ext.check", str(CORPUS / "barrier_training_step.py")).returncode == 1
