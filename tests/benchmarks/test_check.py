@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -72,3 +73,20 @@ def test_extracted_sources_are_checked_and_their_finding_reported(tmp_path: Path
         tmp_path, sources, "benchmarks.check.sources", "--git-dir", str(clone / ".git"), "--ref", "1.0"
     )
     assert missing.returncode != 0 and "'1.0' is not in" in missing.stderr and "(pass --ref)" in missing.stderr
+
+
+def test_the_docs_quote_the_committed_results() -> None:
+    """docs/check.md's figures over Lightning's code are those of benchmarks/results/check-cpu-2core-x86_64.json."""
+    document = json.loads((REPO / "benchmarks/results/check-cpu-2core-x86_64.json").read_text())
+    page = " ".join((REPO / "docs" / "check.md").read_text().split())
+    files = sum(part["files"] for part in document["parts"].values())
+    wall, cpu = document["median_s"], statistics.median(document["cpu_s"])
+    quoted = (
+        f"**{len(document['findings'])} findings in {files} files, in {wall:.2f} s (median wall clock of"
+        f" {len(document['wall_s'])} runs, each a fresh `python -m lightning_ext.check` process; {cpu:.2f} s of CPU)"
+        f" on this 2-core machine, with a load average of {round(document['metadata']['load_average_before'][0])}"
+    )
+    assert quoted in page
+    for name, part in document["parts"].items():
+        assert f"| {part['files']} | {part['findings']} |" in page, name
+    assert document["target"] == {"limit_s": 10.0, "missing": [], "met": True}
