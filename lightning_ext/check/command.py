@@ -45,8 +45,8 @@ def run(args: argparse.Namespace) -> int:
     return 2 if checked.errors else 1 if checked.findings else 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m lightning_ext.check``: run the check; its exit code.
+def main(argv: Sequence[str] | None = None, prog: str = "python -m lightning_ext.check") -> int:
+    """``python -m lightning_ext.check`` (and ``lightning-ext check``, as ``prog``): run the check; its exit code.
 
     Example:
         >>> main(["/no/such/file.py"])
@@ -54,6 +54,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         2
 
     """
-    parser = argparse.ArgumentParser(prog="python -m lightning_ext.check", description=DESCRIPTION)
+    parser = argparse.ArgumentParser(prog=prog, description=DESCRIPTION)
     add_arguments(parser)
     return run(parser.parse_args(argv))
