@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterable
 
 from lightning_ext.check.calls import KEYS
 from lightning_ext.check.catalogue import RANK_WORDS
@@ -106,15 +107,16 @@ def _lightning_classes(
     return found
 
 
-def _class_scope(top: Scope, methods: object, self_role: str | None) -> Scope:
+def _class_scope(top: Scope, methods: Iterable[Function], self_role: str | None) -> Scope:
     """The names a class's methods share: the file's, and the ``self`` attributes it sets to a value that differs
     by rank or to a torchmetrics object."""
     ranks, metrics = set(), set()
-    for method in methods:  # type: ignore[attr-defined]
+    for method in methods:
         name = instance(method)
         if name is None:
             continue
         scope = top.inner(method, {name: self_role} if self_role else {}, set(), name, None)
+        scope.read_assignments(method.body, ranks=True)  # `rank = self.global_rank` then `self.zero = rank == 0`
         for node in (n for statement in method.body for n in own_nodes(statement)):
             if not isinstance(node, (ast.Assign, ast.AnnAssign)) or node.value is None:
                 continue

@@ -87,6 +87,7 @@ class Walker:
         return returned, looped
 
     def statement(self, node: ast.stmt, guard: Guard | None) -> Escapes:
+        """Walk one statement under ``guard``; whether it returns, continues or breaks under a rank guard."""
         if isinstance(node, (ast.If, ast.While)):
             self.expression(node.test, guard)
             inside, other = self._branches(node.test, node.lineno, guard)
