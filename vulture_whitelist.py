@@ -45,4 +45,4 @@ _.samples
 _.for_rank  # RankMetricsWriter.for_rank
 _.rows_logged  # RankCSVLogger.rows_logged, read by tests/helpers/scripts/killed_rank.py
 # Lightning's own state, set by lightning-ext and read by Lightning's loops and users' callbacks
-_.received_sigterm  # _SignalConnector.received_sigterm, set by the coordinated stop (_hang/stop.py)
+_.received_sigterm  # _SignalConnector.received_sigterm, set by the coordinated stop (_preemption/stop.py)

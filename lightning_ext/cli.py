@@ -12,21 +12,21 @@ from typing import Any
 
 import pandas as pd
 
-from lightning_ext._per_rank.csv_format import GRADIENT_WAIT_S, RSS_BYTES, STEP_S, TELEMETRY_COLUMNS
-from lightning_ext._per_rank.decision_format import COLUMNS, changed_something, json_row
-from lightning_ext._per_rank.reader import ReadReport, Request, read_table
-from lightning_ext._per_rank.run_check import rank_ranges
-from lightning_ext._per_rank.spread import MetricSpread
-from lightning_ext._per_rank.spread_format import furthest_table, spread_records, spreads_csv, stats_table
-from lightning_ext._per_rank.straggler_format import (
+from lightning_ext._decisions.record_format import COLUMNS, changed_something, json_row
+from lightning_ext._files.csv_format import GRADIENT_WAIT_S, RSS_BYTES, STEP_S, TELEMETRY_COLUMNS
+from lightning_ext._reading.reader import ReadReport, Request, read_table
+from lightning_ext._reading.same_run import rank_ranges
+from lightning_ext._summaries.number_format import csv_text, json_value
+from lightning_ext._summaries.spread import MetricSpread
+from lightning_ext._summaries.spread_format import furthest_table, spread_records, spreads_csv, stats_table
+from lightning_ext._summaries.straggler_format import (
     RULE,
     memory_lines,
     stragglers_csv,
     stragglers_records,
     stragglers_text,
 )
-from lightning_ext._per_rank.stragglers import phase_medians
-from lightning_ext._per_rank.summary_format import csv_text, json_value
+from lightning_ext._summaries.stragglers import phase_medians
 from lightning_ext.check import command as check
 from lightning_ext.decision_record import read_record
 from lightning_ext.rank_metrics import DEFAULT_FILENAME, read_rank_hosts

@@ -8,12 +8,12 @@ from typing import Any
 
 import pandas as pd
 
-from lightning_ext._per_rank.csv_format import decode, iter_records, split_header
-from lightning_ext._per_rank.decision_format import COLUMNS, FILENAME, check_one_run, decode_row
-from lightning_ext._per_rank.durable import complete_prefix_length
-from lightning_ext._per_rank.markers import describe, read_rank_marker
-from lightning_ext._per_rank.parted_file import read_chunks
-from lightning_ext._per_rank.storage import glob_escape, join, split_location
+from lightning_ext._decisions.record_format import COLUMNS, FILENAME, check_one_run, decode_row
+from lightning_ext._files.csv_format import decode, iter_records, split_header
+from lightning_ext._files.durable import complete_prefix_length
+from lightning_ext._files.markers import describe, read_rank_marker
+from lightning_ext._files.parted_file import read_chunks
+from lightning_ext._files.storage import glob_escape, join, split_location
 from lightning_ext.errors import DecisionRecordError, DecisionRecordWarning, RankMetricsError
 
 __all__ = ["DECISIONS_FILE", "read_decisions"]

@@ -7,10 +7,8 @@ from typing import Literal
 
 import pandas as pd
 
-from lightning_ext._per_rank.csv_format import check_template
-from lightning_ext._per_rank.listing import list_rank_files
-from lightning_ext._per_rank.markers import describe
-from lightning_ext._per_rank.reader import ReadReport, Request, read_table
+from lightning_ext._files.csv_format import check_template
+from lightning_ext._files.markers import describe
 from lightning_ext._per_rank.writer import (
     DEFAULT_FILENAME,
     PerRankMetrics,
@@ -18,6 +16,8 @@ from lightning_ext._per_rank.writer import (
     StrPath,
     rank_metrics_path,
 )
+from lightning_ext._reading.log_dir_files import list_rank_files
+from lightning_ext._reading.reader import ReadReport, Request, read_table
 from lightning_ext.errors import MixedRunsError, RankMetricsError, RankMetricsWarning
 
 __all__ = [

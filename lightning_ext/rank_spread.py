@@ -4,10 +4,10 @@ from collections.abc import Sequence
 
 import pandas as pd
 
-from lightning_ext._per_rank.host_memory import host_memory
-from lightning_ext._per_rank.plots import plot_rank_curves
-from lightning_ext._per_rank.spread import MetricSpread, RankValue, Step, rank_values, robust_z, summarize_ranks
-from lightning_ext._per_rank.stragglers import find_stragglers
+from lightning_ext._summaries.host_memory import host_memory
+from lightning_ext._summaries.plots import plot_rank_curves
+from lightning_ext._summaries.spread import MetricSpread, RankValue, Step, rank_values, robust_z, summarize_ranks
+from lightning_ext._summaries.stragglers import find_stragglers
 
 __all__ = [
     "MetricSpread",

@@ -27,7 +27,7 @@ _FOLDERS = {path.name for path in PACKAGE.iterdir() if path.is_dir() and (path /
 def test_the_top_level_holds_at_most_twelve_modules_besides_the_subsystem_folders() -> None:
     top = [module for module in MODULES if "/" not in module]
     assert len(top) <= 12, top
-    assert {"_decisions", "_hang", "_per_rank", "strategies", "patches", "demo"} <= _FOLDERS
+    assert {"_decisions", "_checks", "_stall", "_preemption", "_per_rank", "strategies", "patches", "demo"} <= _FOLDERS
 
 
 def test_no_module_is_over_400_lines_and_each_module_docstring_is_at_most_five_lines() -> None:
@@ -62,7 +62,7 @@ def test_the_bottom_layers_vocabulary_imports_nothing_of_lightning_ext() -> None
 
 _TALKS_TO_RANKS = {
     "_collective.py": "makes every exchange lightning-ext starts",
-    "_hang/facts.py": "counts the collective calls: it wraps torch.distributed's collectives while a run is checked",
+    "_watch/facts.py": "counts the collective calls: it wraps torch.distributed's collectives while a run is checked",
     "demo/__main__.py": "a user's program: it ends its process group",
 }
 

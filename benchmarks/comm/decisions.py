@@ -38,7 +38,7 @@ from lightning_ext._collective import RankGroup
 from lightning_ext._decisions.checkpoint import decide_top_k
 from lightning_ext._decisions.early_stopping import run_early_stopping_check
 from lightning_ext._decisions.record import top_k_before, topk_row
-from lightning_ext._per_rank.decision_file import DecisionFile
+from lightning_ext._decisions.record_file import DecisionFile
 from lightning_ext.strategies import PolicyDDPStrategy
 
 __all__ = ["COUNT_ROUNDS", "DecisionResult", "decision_policies", "decision_subjects", "run_decisions"]

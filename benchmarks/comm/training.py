@@ -99,11 +99,11 @@ from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 from benchmarks.comm.stock import stock_lightning
 from benchmarks.helpers.collectives import count_collectives
 from lightning_ext import PerRankMetrics, PolicyDDPStrategy
-from lightning_ext._hang import facts
-from lightning_ext._hang.lockstep import Lockstep
+from lightning_ext._checks.lockstep import Lockstep
 from lightning_ext._per_rank.local_values import record_update
 from lightning_ext._per_rank.logger import loggers_for
-from lightning_ext._per_rank.step_timer import COLLECTIVES, DATA_WAIT, FORWARD, OPTIMIZER, timed_backward
+from lightning_ext._telemetry.step_timer import COLLECTIVES, DATA_WAIT, FORWARD, OPTIMIZER, timed_backward
+from lightning_ext._watch import facts
 
 __all__ = ["BASELINES", "CONFIGS", "ROW_LOOPS_PER_STEP", "SKIP_STEPS", "SYNCED", "TrainingResult", "run_training"]
 

@@ -8,9 +8,9 @@ from lightning.pytorch.loggers import Logger
 from torch import Tensor
 from typing_extensions import override
 
+from lightning_ext._files.csv_format import TELEMETRY
+from lightning_ext._files.file_output import FileOutput
 from lightning_ext._per_rank import local_values
-from lightning_ext._per_rank.csv_format import TELEMETRY
-from lightning_ext._per_rank.file_output import FileOutput
 from lightning_ext._per_rank.local_values import OMITTED, local_values_for
 from lightning_ext._per_rank.tensorboard_files import RankEventFiles
 from lightning_ext._per_rank.writer import PerRankMetrics, RankMetricsWriter

@@ -16,8 +16,8 @@ from typing import Any
 from lightning.fabric.loggers.tensorboard import _TENSORBOARD_AVAILABLE
 from lightning.pytorch.loggers import TensorBoardLogger
 
-from lightning_ext._per_rank.csv_format import ESCAPE, TELEMETRY
-from lightning_ext._per_rank.storage import glob_escape, join, split_location, write_whole
+from lightning_ext._files.csv_format import ESCAPE, TELEMETRY
+from lightning_ext._files.storage import glob_escape, join, split_location, write_whole
 from lightning_ext._per_rank.writer import PerRankMetrics
 from lightning_ext.errors import RankMetricsWarning
 

@@ -6,9 +6,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import TracebackType
 
-from lightning_ext._per_rank.csv_format import STEP, check_metric_name, check_template, column_name
-from lightning_ext._per_rank.file_output import storage_for
-from lightning_ext._per_rank.storage import join
+from lightning_ext._files.csv_format import STEP, check_metric_name, check_template, column_name
+from lightning_ext._files.file_output import storage_for
+from lightning_ext._files.storage import join
 
 __all__ = ["DEFAULT_FILENAME", "PerRankMetrics", "RankMetricsWriter", "rank_metrics_path"]
 

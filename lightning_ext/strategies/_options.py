@@ -11,8 +11,8 @@ import typing
 from collections.abc import Callable
 from typing import Any, cast
 
-from lightning_ext._hang.guard import HangChecks, UnevenMode
-from lightning_ext._hang.stall import OnStall
+from lightning_ext._checks.guard import HangChecks, UnevenMode
+from lightning_ext._stall.monitor import OnStall
 from lightning_ext._sync.hooks import LogSync
 from lightning_ext.policies import PolicyLike
 from lightning_ext.rank_metrics import PerRankMetrics

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
-from lightning_ext._hang import hooks as hang
+from lightning_ext._checks import hooks as hang
 from lightning_ext._sync import hooks as sync
 
 __all__ = [

@@ -8,8 +8,8 @@ from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_warn
 
 from lightning_ext._collective import RankGroup, all_gather_objects
-from lightning_ext._hang.stall import introduction
 from lightning_ext._setup import checks as setup_checks
+from lightning_ext._stall.monitor import introduction
 from lightning_ext.errors import PolicyMismatchError, mark_joint
 from lightning_ext.policies import DecisionPolicy
 

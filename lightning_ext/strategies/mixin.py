@@ -9,11 +9,10 @@ from lightning.pytorch.strategies import ParallelStrategy
 from typing_extensions import override
 
 from lightning_ext import _collective
+from lightning_ext._checks.guard import HangChecks, HangGuard, UnevenMode, validate_options
 from lightning_ext._collective import RankGroup
 from lightning_ext._decisions import checkpoint, early_stopping
-from lightning_ext._hang.guard import HangChecks, HangGuard, UnevenMode, validate_options
-from lightning_ext._hang.stall import StallOptions
-from lightning_ext._hang.stop import resolve_preemption_policy
+from lightning_ext._decisions.record_file import DecisionFile
 from lightning_ext._packages.choice import (
     Package,
     check_one_package,
@@ -21,16 +20,18 @@ from lightning_ext._packages.choice import (
     parts_of_run,
     strategy_for_other_package,
 )
-from lightning_ext._per_rank import local_values, step_timer
-from lightning_ext._per_rank.decision_file import DecisionFile
+from lightning_ext._per_rank import local_values
 from lightning_ext._per_rank.logger import RankCSVLogger, loggers_for
-from lightning_ext._per_rank.straggler_watch import start_telemetry
-from lightning_ext._per_rank.telemetry import Telemetry
 from lightning_ext._per_rank.tensorboard_files import event_files_for
+from lightning_ext._preemption.stop import resolve_preemption_policy
 from lightning_ext._setup import checks as setup_checks
+from lightning_ext._stall.monitor import StallOptions
 from lightning_ext._sync import hooks as sync_hooks
 from lightning_ext._sync.hooks import LogSync
 from lightning_ext._sync.queue import SyncQueue
+from lightning_ext._telemetry import step_timer
+from lightning_ext._telemetry.live_stragglers import start_telemetry
+from lightning_ext._telemetry.telemetry import Telemetry
 from lightning_ext.policies import DecisionPolicy, resolve_policy
 from lightning_ext.rank_metrics import PerRankMetrics
 from lightning_ext.strategies import _compat, _runtime
@@ -58,8 +59,7 @@ class PolicyStrategyMixin(_Strategy):
     Args:
         checkpoint_policy: how ranks agree to save a new top-k checkpoint. Default ``"all"`` (stock Lightning).
         early_stopping_policy: how ranks agree to stop. Default ``"any"`` (stock Lightning).
-        per_rank_metrics: ``True`` (or :class:`~lightning_ext.PerRankMetrics` options) to have every rank write its
-            own, un-synced values of every logged row to ``<log_dir>/rank_<r>/metrics.csv``.
+        per_rank_metrics: ``True`` (or :class:`~lightning_ext.PerRankMetrics`): every rank writes its own values.
         hang_checks: ``True`` (default) turns the pitfalls that freeze DDP jobs (uneven batches, synced logging on
             some ranks only, ``barrier``/``broadcast``/``trainer.log_dir``/``trainer.save_checkpoint`` under a rank
             guard, one rank failing) into the same error on every rank; ``"debug"`` also checks every

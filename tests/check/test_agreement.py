@@ -9,7 +9,7 @@ in the stall report (tests/check/corpus/dist_in_training_step.py has no ``RUN``)
 ``on_train_batch_end`` at the epoch's first batch, which today ends in the stall report too (``STALLS``).
 
 The programs run in three launched jobs at once (``tests/helpers/scripts/check_programs.py``), each one after another,
-started with this module's first test, as tests/hang/test_pitfall_matrix.py runs its scenarios.
+started with this module's first test, as tests/checks/test_pitfall_matrix.py runs its scenarios.
 """
 
 from __future__ import annotations

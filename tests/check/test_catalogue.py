@@ -12,7 +12,7 @@ import torch.distributed as dist
 from lightning.pytorch import demos as demos_package
 from lightning.pytorch.trainer.connectors.logger_connector.fx_validator import _FxValidator
 
-from lightning_ext._hang.facts import COUNTED
+from lightning_ext._watch.facts import COUNTED
 from lightning_ext.check import catalogue
 from lightning_ext.check.catalogue import (
     NO_LOGGING_HOOKS,

@@ -56,7 +56,7 @@ def test_every_kind_and_every_guard_form_is_in_the_corpus() -> None:
 
 
 def test_the_pitfall_matrix_scripts_pitfalls_are_found_on_their_lines() -> None:
-    """The launched pitfall matrix (tests/hang/test_pitfall_matrix.py) asserts that the runtime error names each
+    """The launched pitfall matrix (tests/checks/test_pitfall_matrix.py) asserts that the runtime error names each
     ``# pitfall: <call>`` line of its script, in every hook at 2, 3 and 4 ranks: the check names the same lines."""
     script = Path(__file__).resolve().parents[1] / "helpers" / "scripts" / "pitfall_matrix.py"
     codes = {

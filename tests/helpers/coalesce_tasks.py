@@ -262,9 +262,9 @@ def carry(namespace: str, packs: list[tuple[str, str, list[float]]], agree: bool
     ``CheckChannel`` (one per ``namespace``, kept for the next call): whether the ranks agreed, each pack's values
     afterwards, and their bytes. ``agree=False``: this rank passes its rank as the check's value (they disagree)."""
     from lightning_ext._collective import CheckChannel
-    from lightning_ext._hang.facts import Recorder
-    from lightning_ext._hang.watchdog import Watchdog
     from lightning_ext._sync.carried import CarriedPacks
+    from lightning_ext._watch.facts import Recorder
+    from lightning_ext._watch.watchdog import Watchdog
 
     rank, world = dist.get_rank(), dist.get_world_size()
     if namespace not in _CHANNELS:

@@ -2,7 +2,7 @@
 
 A *script* says how many batches each rank's train and val loaders yield (``None``: a stream without length) and
 what each hook logs with ``sync_dist=True``; an entry may be skipped by some ranks. The parent builds the expected
-outcome from the script alone (tests/hang/test_checks.py) and compares it with what every rank reports.
+outcome from the script alone (tests/checks/test_checks.py) and compares it with what every rank reports.
 """
 
 from __future__ import annotations
@@ -126,11 +126,11 @@ def lockstep_verdicts(namespace: str, identities: list[Any]) -> list[Any]:
     call); return each verdict, or, where the ranks disagreed, the identities gathered from every rank."""
     import torch.distributed as dist
 
+    from lightning_ext._checks.lockstep import Lockstep
+    from lightning_ext._checks.points import Point
     from lightning_ext._collective import CheckChannel
-    from lightning_ext._hang.facts import Recorder
-    from lightning_ext._hang.lockstep import Lockstep
-    from lightning_ext._hang.points import Point
-    from lightning_ext._hang.watchdog import Watchdog
+    from lightning_ext._watch.facts import Recorder
+    from lightning_ext._watch.watchdog import Watchdog
 
     lockstep = _LOCKSTEPS.get(namespace)
     if lockstep is None:
@@ -180,8 +180,8 @@ def ledger(namespace: str) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
 
-    from lightning_ext._hang.facts import Recorder
-    from lightning_ext._hang.watchdog import Watchdog
+    from lightning_ext._watch.facts import Recorder
+    from lightning_ext._watch.watchdog import Watchdog
 
     rank = dist.get_rank()
     recorder = Recorder(rank, dist.get_world_size(), None)

@@ -181,7 +181,7 @@ def fit(
     ``"stock_model_parallel"``. ``waits`` (first look, between looks) replaces the hang checks' thresholds.
     """
     from lightning_ext import PolicyDDPStrategy, PolicyModelParallelStrategy
-    from lightning_ext._hang import lockstep
+    from lightning_ext._checks import lockstep
 
     looks: list[str] = []
     diagnose = lockstep.Lockstep._diagnose

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from lightning_ext._per_rank.step_timer import (
+from lightning_ext._telemetry.step_timer import (
     COLLECTIVES,
     DATA_WAIT,
     FORWARD,

@@ -146,8 +146,8 @@ def test_lightning_ext_shares_its_errors_policies_and_files_and_compiles_its_sea
         "lightning_ext.strategies._compat",
         "lightning_ext._decisions.checkpoint",
         "lightning_ext._decisions.early_stopping",
-        "lightning_ext._hang.guard",
-        "lightning_ext._hang.hooks",
+        "lightning_ext._checks.guard",
+        "lightning_ext._checks.hooks",
         "lightning_ext._per_rank.local_values",
         "lightning_ext._per_rank.logger",
     }
@@ -169,8 +169,10 @@ def test_every_module_of_the_subsystems_loads_for_pytorch_lightning_and_holds_no
     prefixes = (
         "lightning_ext.strategies",
         "lightning_ext._decisions",
-        "lightning_ext._hang",
+        "lightning_ext._checks",
+        "lightning_ext._preemption",
         "lightning_ext._per_rank",
+        "lightning_ext._telemetry",
     )
     loaded = [
         importlib.import_module(LIGHTNING_EXT.renamed(name))

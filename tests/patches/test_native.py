@@ -103,8 +103,8 @@ def test_policy_per_rank_and_hang_suites_pass_against_the_patched_copy(patched_s
         "tests/per_rank/test_trainer_runs.py",
         "tests/per_rank/test_resume.py",
         # telemetry patches no class: its loop hooks are instance attributes, the same on a patched Lightning
-        "tests/per_rank/test_telemetry.py::test_the_verdict_names_each_slowed_rank_and_its_phase",
-        "tests/hang/test_checks.py",  # the hang-check seams (0004), natively
+        "tests/telemetry/test_telemetry.py::test_the_verdict_names_each_slowed_rank_and_its_phase",
+        "tests/checks/test_checks.py",  # the hang-check seams (0004), natively
         "tests/decisions/test_record_runs.py",  # the decision record, made by the same seams
         "tests/setup/test_trainer_runs.py",  # the set-up checks' seam (0005), natively
         "tests/sync/test_collectives.py",  # the coalesced sync's seams where the hooks end (0006), natively

@@ -142,7 +142,7 @@ def test_a_failed_header_rewrite_keeps_the_old_file_and_a_retry_writes_each_row_
     writer.log_metrics({"loss": 3.0, "acc": 0.5}, step=3)
     with monkeypatch.context() as patch:
         if stage == "fsync_directory":  # after the rename: the new file is in place
-            patch.setattr("lightning_ext._per_rank.storage.fsync_directory", fail)
+            patch.setattr("lightning_ext._files.storage.fsync_directory", fail)
         else:
             patch.setattr(os, stage, fail)
         with pytest.raises(OSError, match="No space left"):

@@ -1,4 +1,5 @@
-"""A user's training script that a scheduler preempts: launched for real by tests/hang/test_preemption_launched.py.
+"""A user's training script that a scheduler preempts: launched for real by
+tests/preemption/test_preemption_launched.py.
 
 Usage: ``python preemption_job.py ROOT`` (Lightning's default launcher, 2 ranks), under ``torchrun``, or once per rank
 with SLURM's variables set (as ``srun`` would start it).

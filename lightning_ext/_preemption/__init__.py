@@ -1,0 +1,1 @@
+"""The coordinated stop on a preemption signal (``docs/stalls-and-preemption.md``)."""

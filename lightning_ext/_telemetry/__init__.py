@@ -1,0 +1,1 @@
+"""Per-rank telemetry: each batch timed by phase, memory sampled, the live straggler check."""

@@ -1,0 +1,1 @@
+"""What a rank knows of itself (its calls, progress, signals) and the watchdog thread that answers for it."""

@@ -1,0 +1,116 @@
+"""How the hang checks and the stall report say things: ranks as ranges, grouped lines, what a rank does; pure."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+
+from lightning_ext._watch.facts import WORLD, Call, Facts
+
+__all__ = [
+    "DETAIL_GROUPS",
+    "FIRST_LINE",
+    "call_text",
+    "doing",
+    "group_text",
+    "grouped_lines",
+    "ranks_text",
+    "short_site",
+    "shortened",
+]
+
+FIRST_LINE = 200  # characters: a first line stays under this at any world size
+DETAIL_GROUPS = 8  # detail lines: at most this many groups of ranks, then one line for the rest
+_SITE = re.compile(r"^(?P<path>.+):(?P<line>\d+)(?: in .*)?$")
+
+
+def ranks_text(ranks: Iterable[int], most: int = 4) -> str:
+    """The ranks, as few words as it takes: ``rank 3``, ``ranks 1-7``, ``ranks 0, 2, 5-9``; beyond ``most`` runs of
+    consecutive ranks, the rest as a count: ``ranks 0, 2, 4, 6 and 508 more``.
+
+    Example:
+        >>> ranks_text([3]), ranks_text(range(1, 8)), ranks_text([0, 1, 5]), ranks_text(range(0, 1024, 2))
+        ('rank 3', 'ranks 1-7', 'ranks 0-1, 5', 'ranks 0, 2, 4, 6 and 508 more')
+
+    """
+    ordered = sorted(set(ranks))
+    if not ordered:
+        return "no rank"
+    runs: list[list[int]] = []
+    for rank in ordered:
+        if runs and rank == runs[-1][1] + 1:
+            runs[-1][1] = rank
+        else:
+            runs.append([rank, rank])
+    shown = runs[:most]
+    text = ", ".join(str(first) if first == last else f"{first}-{last}" for first, last in shown)
+    rest = len(ordered) - sum(last - first + 1 for first, last in shown)
+    return ("rank " if len(ordered) == 1 else "ranks ") + text + (f" and {rest} more" if rest else "")
+
+
+def grouped_lines(items: Iterable[tuple[int, str]], most: int = DETAIL_GROUPS) -> list[str]:
+    """One line per distinct text, naming the ranks it holds for (``  ranks 1-7: went on to ...``), in rank order;
+    beyond ``most`` groups, one line for the rest."""
+    groups: dict[str, list[int]] = {}
+    for rank, text in items:
+        groups.setdefault(text, []).append(rank)
+    ordered = sorted(groups.items(), key=lambda group: min(group[1]))
+    lines = [f"  {ranks_text(ranks)}: {text}" for text, ranks in ordered[:most]]
+    rest = [rank for _, ranks in ordered[most:] for rank in ranks]
+    if rest:
+        lines.append(f"  and {len(rest)} more rank(s) ({ranks_text(rest)}), elsewhere in {len(ordered) - most} ways")
+    return lines
+
+
+def short_site(site: str | None, longest: int = 40) -> str:
+    """``train.py:31`` from ``/home/me/project/train.py:31 in training_step``: the file's name and the line."""
+    if not site:
+        return "an unknown line"
+    found = _SITE.match(site)
+    if found is None:
+        return shortened(site, longest)
+    name = found["path"].replace("\\", "/").rsplit("/", 1)[-1]
+    return f"{shortened(name, longest)}:{found['line']}"
+
+
+def shortened(text: str, longest: int) -> str:
+    """``text``, cut to ``longest`` characters with an ellipsis where it is longer."""
+    return text if len(text) <= longest else text[: longest - 3] + "..."
+
+
+def group_text(name: str) -> str:
+    """``the default group`` or ``process group 'tp'``: a counted call's process group, for people."""
+    return "the default group" if name == WORLD else f"process group {name!r}"
+
+
+def call_text(call: Call) -> str:
+    """``torch.distributed.all_reduce called from train.py:42 in training_step (its call #3 on the default group)``."""
+    return f"{call.name} called from {call.site} (its call #{call.index} on {group_text(call.group)})"
+
+
+def doing(facts: Facts | None, hook: str | None = None, stack: str = "", workers: Sequence[str] = ()) -> str:
+    """What a rank is doing, from its facts (and, in a stall report, its training thread's stack and its DataLoader
+    workers): ``blocked in ...``, ``in its synced backward pass #4 ...``, ``computing in training_step at ...``,
+    followed by where it is in Lightning's loops. ``hook``: the hook it runs, if not the one in its facts."""
+    progress = None if facts is None else facts.progress
+    hook = hook or (None if progress is None else progress.hook)
+    during = f", during {progress.describe()}" if progress is not None else ""
+    in_hook = f" in {hook}" if hook else ""
+    at = f" at {facts.at}" if facts is not None and facts.at else ""
+    if facts is not None and facts.inside is not None:
+        return f"blocked in {call_text(facts.inside)}{during}"
+    if facts is not None and facts.backward is not None:
+        pass_ = f"in its synced backward pass #{facts.backward} (DDP all-reduces the gradients in it)"
+        return f"{pass_}{in_hook}{at}{during}"
+    if "torch/utils/data/dataloader.py" in stack and "_get_data" in stack:
+        listed = f" ({'; '.join(workers)})" if workers else ""
+        return f"waiting for a batch from its DataLoader worker process(es){listed}{during}"
+    blocked = re.findall(r'torch/distributed/distributed_c10d\.py", line \d+, in (\w+)', stack)
+    if blocked:
+        return (
+            f"blocked in torch.distributed.{blocked[-1]}{in_hook}{at} (a call lightning-ext does not count: point to"
+            f" point, or on a group of some ranks only){during}"
+        )
+    if "synchronize" in stack and "torch/cuda" in stack:
+        return f"waiting for the GPU (torch.cuda.synchronize){in_hook}{at}{during}"
+    return f"computing{in_hook}{at}{during}"

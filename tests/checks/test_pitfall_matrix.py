@@ -1,0 +1,175 @@
+"""Every pitfall of the README's table, in every hook and stage where users put it, in real launched jobs: the first
+line of the error every rank raises names the true cause, the user's file and line, and the fix.
+
+One job per world size (2 and 3 ranks: every scenario; 4 ranks: a representative part) runs its scenarios one after
+another (``tests/helpers/scripts/pitfall_matrix.py``): each a default ``Trainer`` (sanity check, checkpointing and
+logger on) with ``PolicyDDPStrategy()``. They cannot interfere: each fit starts a new process group, and a rank that a
+scenario left blocked in a collective is released before the next. The jobs start together in the background with
+this module's first test: they spend most of their time waiting (a rank left behind is found after 2 s). The expected
+first lines are written out here, from the script's own lines.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.helpers.jobs import REPO, Job, clean_env, server_ports
+
+SCRIPT = REPO / "tests" / "helpers" / "scripts" / "pitfall_matrix.py"
+LIMIT = 30.0  # seconds from the first rank reaching the pitfall to the last rank's error
+FIRST_LINE = 200  # characters
+JOB_TIMEOUT = 900.0  # a job of every scenario, in seconds (about 90 s on a quiet 2-core machine)
+
+PLACES = (
+    "sanity:validation_step",
+    "sanity:on_validation_epoch_end",
+    "training_step",
+    "on_train_batch_end",
+    "on_train_epoch_end",
+    "validation_step",
+    "on_validation_epoch_end",
+    "test_step",
+    "on_test_epoch_end",
+)
+# the calls under `if self.trainer.is_global_zero:` (keys: every rank logs a key of its own); in training_step and
+# on_train_batch_end a logged metric does not sync (a step value), and an unchecked all_gather or torch.distributed
+# call meets the other ranks' DDP gradient all-reduce, which no check stands before (hang_checks="debug" checks
+# every all_gather: tests/checks/test_launched.py; a raw torch.distributed call there is the stall report's)
+CALLS = ("log", "metric", "keys", "log_dir", "save_checkpoint", "barrier", "broadcast", "all_gather", "all_reduce")
+IN_TRAINING_STEPS = ("log", "keys", "log_dir", "save_checkpoint", "barrier", "broadcast")
+EVERY = [
+    f"{call}@{place}"
+    for call in CALLS
+    for place in PLACES
+    if call in IN_TRAINING_STEPS or place not in ("training_step", "on_train_batch_end")
+] + ["uneven@train", "uneven@val", "uneven@test", "uneven@stream"]
+SOME = [
+    "log@sanity:on_validation_epoch_end",
+    "log@training_step",
+    "log@on_train_epoch_end",
+    "metric@validation_step",
+    "keys@test_step",
+    "log_dir@on_train_batch_end",
+    "save_checkpoint@on_validation_epoch_end",
+    "barrier@training_step",
+    "broadcast@test_step",
+    "all_gather@on_validation_epoch_end",
+    "all_reduce@sanity:validation_step",
+    "uneven@train",
+    "uneven@stream",
+]
+WORLDS = {2: EVERY, 3: EVERY, 4: SOME}
+
+
+def _line(marker: str) -> int:
+    """The script's line that ends with ``marker`` (the call the first line must name)."""
+    lines = SCRIPT.read_text().splitlines()
+    return next(number for number, line in enumerate(lines, 1) if line.rstrip().endswith(marker))
+
+
+def _others(world: int) -> str:
+    return "rank 1" if world == 2 else f"ranks 1-{world - 1}"
+
+
+def expected(scenario: str, world: int) -> tuple[str, str | tuple[str, ...]]:
+    """``(error class, how the first line starts)`` for ``scenario`` at ``world`` ranks, from the script alone (a
+    tuple: the starts it may have)."""
+    call, place = scenario.split("@")
+    hook = place.split(":")[-1]
+    where = f" in {hook} ({'sanity check, ' if place.startswith('sanity:') else ''}pitfall_matrix.py:"
+    if call == "uneven":
+        stage = {"train": "training epoch 0", "val": "the sanity check", "test": "test"}.get(place)
+        if stage is None:  # the stream: rank 0's ran out first, the others have a batch more; whether theirs ran
+            # out too before the ranks compared is a matter of time, and the first line says which
+            head = "Uneven data in epoch 0: the train dataloader ran out after 2 batch(es) on rank 0"
+            return "UnevenBatchesError", (
+                f"{head} while {_others(world)} had more.",
+                f"{head} but after 3 on {_others(world)}.",
+            )
+        name = "train dataloader" if place == "train" else f"{place} dataloader 0"
+        counts = "2" if place == "val" else "3"  # the sanity check runs 2 batches at most
+        return "UnevenBatchesError", f"Uneven data in {stage}: the {name} has 1 batch on {_others(world)}, {counts}"
+    line = _line(f"# pitfall: {call}")
+    if call == "keys":
+        more = f", {world - 2} more rank(s) other keys" if world > 2 else ""
+        text = (
+            f"Synced logging differs between ranks{where}{line}): rank 0 syncs 'part_0', rank 1 syncs 'part_1'{more}."
+        )
+        return "DivergentLoggingError", text
+    logged = {"log": "self.log('val_acc', sync_dist=True)", "metric": "self.log('val_mean', <metric>)"}
+    if call in logged:
+        return "DivergentLoggingError", f"{logged[call]}{where}{line}) synced on rank 0 only; {_others(world)} went on."
+    made = {
+        "log_dir": "Trainer.log_dir (strategy.broadcast)",
+        "save_checkpoint": "Trainer.save_checkpoint (strategy.barrier)",
+        "barrier": "strategy.barrier()",
+        "broadcast": "strategy.broadcast(src=0)",
+        "all_gather": "torch.distributed.all_gather (via LightningModule.all_gather)",
+        "all_reduce": "torch.distributed.all_reduce",
+    }[call]
+    return "DivergentCollectiveError", f"{made}{where}{line}) ran on rank 0 only; {_others(world)} went on."
+
+
+Outcomes = Callable[[int, str], dict[int, dict[str, Any]]]
+
+
+def _run(world: int, out: Path) -> tuple[int | None, str]:
+    out.mkdir(parents=True)
+    scenarios = WORLDS[world]
+    env = clean_env(PORTS=",".join(map(str, server_ports(len(scenarios)))))
+    job = Job([sys.executable, str(SCRIPT), str(out), str(world), *scenarios], env, out / "job.log")
+    code = job.wait(JOB_TIMEOUT)
+    job.kill()
+    return code, job.output(12000)
+
+
+@pytest.fixture(scope="module")
+def outcomes(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Outcomes]:
+    """Every rank's outcome of a scenario, from the job of its world size (the selected jobs run at once)."""
+    mine = [item for item in request.session.items if getattr(item, "module", None) is request.module]
+    selected = {item.callspec.params["world"] for item in mine}
+    root = tmp_path_factory.mktemp("pitfalls")
+    with ThreadPoolExecutor(max_workers=len(WORLDS)) as pool:
+        jobs: dict[int, Future[tuple[int | None, str]]] = {
+            world: pool.submit(_run, world, root / f"world{world}") for world in sorted(selected)
+        }
+
+        def read(world: int, scenario: str) -> dict[int, dict[str, Any]]:
+            code, output = jobs[world].result()
+            found = {rank: root / f"world{world}" / f"{scenario}.{rank}.json" for rank in range(world)}
+            missing = [rank for rank, path in found.items() if not path.exists()]
+            assert code == 0 and not missing, f"job of {world} ranks: exit {code}, no outcome of {missing}:\n{output}"
+            return {rank: json.loads(path.read_text()) for rank, path in found.items()}
+
+        yield read
+        pool.shutdown(cancel_futures=True)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(2 * JOB_TIMEOUT)
+@pytest.mark.parametrize(
+    ("world", "scenario"), [(world, scenario) for world, scenarios in WORLDS.items() for scenario in scenarios]
+)
+def test_every_rank_raises_an_error_whose_first_line_names_the_true_cause(
+    world: int, scenario: str, outcomes: Outcomes
+) -> None:
+    error, start = expected(scenario, world)
+    ranks = outcomes(world, scenario)
+    assert {outcome["error"] for outcome in ranks.values()} == {error}, ranks
+    messages = {outcome["message"] for outcome in ranks.values()}
+    assert len(messages) == 1, f"the ranks raised different messages: {ranks}"
+    first = messages.pop().splitlines()[0]
+    assert first.startswith(start), f"expected the first line to start with\n{start}\nbut it is\n{first}"
+    assert len(first) <= FIRST_LINE, first
+    latency = max(outcome["ended"] for outcome in ranks.values()) - min(
+        outcome["diverged"] or time.time() for outcome in ranks.values()
+    )
+    assert latency <= LIMIT, f"the last rank raised {latency:.1f}s after the first reached the pitfall"
