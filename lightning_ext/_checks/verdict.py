@@ -18,10 +18,14 @@ def blocked_by(waiting: Sequence[Facts], rank: Facts) -> str | None:
     * a collective call that some waiting rank has not made: its number on its group is beyond that rank's count
       (``"collective"``); or
     * a backward pass whose gradients DDP all-reduces, beyond the synced backward passes some waiting rank has
-      completed: it cannot end before that rank's matching all-reduce, which comes after the check (``"backward"``).
+      completed: it cannot end before that rank's matching all-reduce, which comes after the check (``"backward"``);
+      or
+    * a DDP forward pass that broadcasts before its module runs (the rebuilt buckets' order, the buffers), beyond
+      those some waiting rank has completed: likewise (``"forward"``).
 
-    Anything else (computing, loading data, writing a checkpoint, a backward pass without gradient sync, a collective
-    call every waiting rank has made) is work that will end: ``None``, and the check waits.
+    Anything else (computing, loading data, writing a checkpoint, a backward pass without gradient sync, a forward
+    pass that does not broadcast, a collective call every waiting rank has made) is work that will end: ``None``, and
+    the check waits.
 
     Example:
         >>> waiting = [Facts(0, check=(3, "a synced log"), counts={"world": 7}, backwards=1)]
@@ -29,6 +33,8 @@ def blocked_by(waiting: Sequence[Facts], rank: Facts) -> str | None:
         'backward'
         >>> blocked_by(waiting, Facts(1, counts={"world": 7}, backwards=1)) is None  # computing: wait
         True
+        >>> blocked_by(waiting, Facts(1, counts={"world": 7}, backwards=1, forward=1))  # the waiting rank made none
+        'forward'
 
     """
     if not waiting:
@@ -38,6 +44,8 @@ def blocked_by(waiting: Sequence[Facts], rank: Facts) -> str | None:
         return "collective"
     if rank.backward is not None and rank.backward > min(facts.backwards for facts in waiting):
         return "backward"
+    if rank.forward is not None and rank.forward > min(facts.forwards for facts in waiting):
+        return "forward"
     return None
 
 

@@ -62,21 +62,28 @@ def thresholds(stall_timeout: float | str, group_timeout: timedelta) -> Threshol
 def waits(report: RankReport, everyone: Sequence[RankReport]) -> float | None:
     """How long ``report``'s rank has waited for another rank (seconds), or ``None`` if it is not waiting for one.
 
-    A collective call or a lightning-ext check is a wait; a backward pass whose gradients DDP all-reduces is one only
-    while some other rank has not started that pass (its all-reduce waits for that rank); otherwise it is computing.
+    A collective call or a lightning-ext check is a wait; a backward pass whose gradients DDP all-reduces, or a DDP
+    forward pass that broadcasts before its module runs, is one only while some other rank has not started that pass
+    (its collective waits for that rank); otherwise it is computing.
     """
     if report.waiting is None or report.facts is None:
         return None
     kind, seconds = report.waiting
-    if kind != "backward":
+    if kind not in ("backward", "forward"):
         return seconds
-    number = report.facts.backward
+    facts = report.facts
+    number = facts.backward if kind == "backward" else facts.forward
     for other in everyone:
         if other.rank == report.rank:
             continue
         if other.facts is None:  # gone or silent: it has not come
             return seconds
-        if other.facts.backward != number and other.facts.backwards < (number or 0):
+        now, done = (
+            (other.facts.backward, other.facts.backwards)
+            if kind == "backward"
+            else (other.facts.forward, other.facts.forwards)
+        )
+        if now != number and done < (number or 0):
             return seconds
     return None
 
@@ -235,6 +242,8 @@ def _wait_text(report: RankReport) -> str:
         return f"{facts.inside.name} (its call #{facts.inside.index} on {group_text(facts.inside.group)})"
     if kind == "check" and facts.check is not None:
         return f"lightning-ext's check before {facts.check[1]}"
+    if kind == "forward":
+        return f"DDP's broadcast of {facts.forward_syncs} (forward pass #{facts.forward})"
     return f"DDP's gradient all-reduce (synced backward pass #{facts.backward})"
 
 

@@ -80,6 +80,11 @@ class Facts:
         backward: the number of the synced backward pass it is in now (DDP's gradient all-reduce runs in it), or
             ``None``; a backward pass without gradient sync, or whose sync is unknown, is not counted.
         backwards: synced backward passes completed.
+        forward: the number of the DDP forward pass it is in now that makes a collective call before the module runs
+            (:mod:`~lightning_ext._watch.ddp_forward`: the broadcast of the rebuilt gradient buckets' order, of the
+            buffers), or ``None``; every other forward pass is not counted.
+        forwards: such forward passes completed.
+        forward_syncs: what DDP broadcasts in that forward pass, for people (``"the module's buffers"``).
         progress: where it is in Lightning's loops.
         signal: the signal it received (``"SIGTERM in training of epoch 0, ..."``), or ``None``.
         recent: its last counted collective calls outside backward passes, oldest first (to name a call that other
@@ -96,6 +101,9 @@ class Facts:
     inside: Call | None = None
     backward: int | None = None
     backwards: int = 0
+    forward: int | None = None
+    forwards: int = 0
+    forward_syncs: str = ""
     progress: Progress | None = None
     signal: str | None = None
     recent: tuple[Call, ...] = ()
@@ -126,6 +134,8 @@ class Recorder:
         self._inside: tuple[str, int, str, FrameType, Call | None, float] | None = None
         self._backward: int | None = None
         self._backward_since = 0.0
+        self.forwards = 0
+        self._forward: tuple[int, str, float] | None = None  # (number, what DDP broadcasts, since when)
         self.check_since = 0.0  # when the training thread entered the check it is in (``check``)
         self._busy = 0  # checkpoint writes and loads under way
         self._groups: dict[int, tuple[Any, str]] = {}
@@ -204,6 +214,20 @@ class Recorder:
         self.backwards += 1
 
     @contextlib.contextmanager
+    def forward_pass(self, syncs: str) -> Iterator[None]:
+        """Within the block, this rank is in a DDP forward pass that broadcasts ``syncs`` (its buffers, the rebuilt
+        gradient buckets' order) before the module runs; ``""``: one that makes no collective call (not counted)."""
+        if not syncs:
+            yield
+            return
+        self._forward = (self.forwards + 1, syncs, time.monotonic())
+        try:
+            yield
+        finally:
+            self._forward = None
+        self.forwards += 1
+
+    @contextlib.contextmanager
     def busy(self) -> Iterator[None]:
         """Within the block, this rank writes or loads a checkpoint: work that is progress however long it takes."""
         self._busy += 1
@@ -220,8 +244,9 @@ class Recorder:
         """What the training thread waits in now, and since when (``time.monotonic()``), or ``None``.
 
         ``("collective", t)``: inside a counted collective call; ``("check", t)``: inside a lightning-ext check;
-        ``("backward", t)``: inside a backward pass whose gradients DDP all-reduces (a wait only while another rank
-        has not started it, which only the other ranks' facts can tell).
+        ``("backward", t)``: inside a backward pass whose gradients DDP all-reduces, ``("forward", t)``: inside a DDP
+        forward pass that broadcasts (each a wait only while another rank has not started that pass, which only the
+        other ranks' facts can tell).
         """
         inside = self._inside
         if inside is not None:
@@ -230,6 +255,9 @@ class Recorder:
             return ("check", self.check_since)
         if self._backward is not None:
             return ("backward", self._backward_since)
+        forward = self._forward
+        if forward is not None:
+            return ("forward", forward[2])
         return None
 
     def snapshot(self) -> Facts:
@@ -240,6 +268,7 @@ class Recorder:
             group, index, name, caller, call, _ = inside
             call = call or make_call(group, index, name, caller)
         frame = sys._current_frames().get(self.thread)
+        forward = self._forward
         return Facts(
             rank=self.rank,
             check=self.check,
@@ -248,6 +277,9 @@ class Recorder:
             inside=call,
             backward=self._backward,
             backwards=self.backwards,
+            forward=None if forward is None else forward[0],
+            forwards=self.forwards,
+            forward_syncs="" if forward is None else forward[1],
             progress=progress_of(self.trainer),
             signal=self.signal,
             recent=tuple(self.recent),

@@ -90,8 +90,9 @@ def call_text(call: Call) -> str:
 
 def doing(facts: Facts | None, hook: str | None = None, stack: str = "", workers: Sequence[str] = ()) -> str:
     """What a rank is doing, from its facts (and, in a stall report, its training thread's stack and its DataLoader
-    workers): ``blocked in ...``, ``in its synced backward pass #4 ...``, ``computing in training_step at ...``,
-    followed by where it is in Lightning's loops. ``hook``: the hook it runs, if not the one in its facts."""
+    workers): ``blocked in ...``, ``in its synced backward pass #4 ...``, ``in DDP's forward pass #2 ...``,
+    ``computing in training_step at ...``, followed by where it is in Lightning's loops. ``hook``: the hook it runs, if
+    not the one in its facts."""
     progress = None if facts is None else facts.progress
     hook = hook or (None if progress is None else progress.hook)
     during = f", during {progress.describe()}" if progress is not None else ""
@@ -102,6 +103,11 @@ def doing(facts: Facts | None, hook: str | None = None, stack: str = "", workers
     if facts is not None and facts.backward is not None:
         pass_ = f"in its synced backward pass #{facts.backward} (DDP all-reduces the gradients in it)"
         return f"{pass_}{in_hook}{at}{during}"
+    if facts is not None and facts.forward is not None:
+        pass_ = (
+            f"in DDP's forward pass #{facts.forward}{in_hook} (DDP broadcasts {facts.forward_syncs} from rank 0 in it)"
+        )
+        return f"{pass_}{during}"
     if "torch/utils/data/dataloader.py" in stack and "_get_data" in stack:
         listed = f" ({'; '.join(workers)})" if workers else ""
         return f"waiting for a batch from its DataLoader worker process(es){listed}{during}"
