@@ -14,6 +14,7 @@ from typing import Any
 
 from lightning_ext._checks.points import Point
 from lightning_ext._watch.facts import Call, Facts
+from lightning_ext._watch.rank_text import broadcasts_text
 
 __all__ = ["Stand", "blocked_stand", "culprits", "extra_call_stands", "split_keys", "stand_at"]
 
@@ -125,7 +126,7 @@ def blocked_stand(facts: Facts) -> Stand:
     if facts.inside is not None:
         return _call_stand(facts, facts.inside, stage)
     if facts.backward is None and facts.forward is not None:
-        where = f"DDP's forward pass, where DDP broadcasts {facts.forward_syncs or 'from rank 0'}"
+        where = f"DDP's forward pass, where DDP broadcasts {broadcasts_text(facts.forward_syncs)} from rank 0"
         return Stand(facts.rank, "forward", where, where, None, _hook(facts), facts.batches, stage=stage)
     where = "the backward pass, where DDP all-reduces the gradients"
     return Stand(facts.rank, "backward", where, where, None, _hook(facts), facts.batches, stage=stage)

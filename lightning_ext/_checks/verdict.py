@@ -20,8 +20,11 @@ def blocked_by(waiting: Sequence[Facts], rank: Facts) -> str | None:
     * a backward pass whose gradients DDP all-reduces, beyond the synced backward passes some waiting rank has
       completed: it cannot end before that rank's matching all-reduce, which comes after the check (``"backward"``);
       or
-    * a DDP forward pass that broadcasts before its module runs (the rebuilt buckets' order, the buffers), beyond
-      those some waiting rank has completed: likewise (``"forward"``).
+    * a DDP forward pass that broadcasts from rank 0 before its module runs, beyond those some waiting rank has
+      completed, where the broadcast needs that rank (``"forward"``). Rank 0 sends to every rank, so it needs them all;
+      another rank needs rank 0 alone, for its buffers (one broadcast: it completes once rank 0 sends, if rank 0 went
+      on into it too), but every rank for the rebuilt buckets' order (two broadcasts: rank 0 sends the second only
+      once every rank received the first). So: rank 0, a rebuild, or rank 0 among those waiting ranks.
 
     Anything else (computing, loading data, writing a checkpoint, a backward pass without gradient sync, a forward
     pass that does not broadcast, a collective call every waiting rank has made) is work that will end: ``None``, and
@@ -33,7 +36,7 @@ def blocked_by(waiting: Sequence[Facts], rank: Facts) -> str | None:
         'backward'
         >>> blocked_by(waiting, Facts(1, counts={"world": 7}, backwards=1)) is None  # computing: wait
         True
-        >>> blocked_by(waiting, Facts(1, counts={"world": 7}, backwards=1, forward=1))  # the waiting rank made none
+        >>> blocked_by(waiting, Facts(1, counts={"world": 7}, backwards=1, forward=1, forward_syncs=("buffers",)))
         'forward'
 
     """
@@ -44,8 +47,10 @@ def blocked_by(waiting: Sequence[Facts], rank: Facts) -> str | None:
         return "collective"
     if rank.backward is not None and rank.backward > min(facts.backwards for facts in waiting):
         return "backward"
-    if rank.forward is not None and rank.forward > min(facts.forwards for facts in waiting):
-        return "forward"
+    if rank.forward is not None:
+        behind = [facts.rank for facts in waiting if facts.forwards < rank.forward]
+        if behind and (rank.rank == 0 or "buckets" in rank.forward_syncs or 0 in behind):
+            return "forward"
     return None
 
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from lightning_ext._stall.rank_report import RankReport
-from lightning_ext._watch.rank_text import call_text, doing, group_text
+from lightning_ext._watch.rank_text import broadcasts_text, call_text, doing, group_text
 
 __all__ = ["Thresholds", "is_stalled", "report_text", "summarize", "thresholds", "waits"]
 
@@ -243,7 +243,7 @@ def _wait_text(report: RankReport) -> str:
     if kind == "check" and facts.check is not None:
         return f"lightning-ext's check before {facts.check[1]}"
     if kind == "forward":
-        return f"DDP's broadcast of {facts.forward_syncs} (forward pass #{facts.forward})"
+        return f"DDP's broadcast of {broadcasts_text(facts.forward_syncs)} (forward pass #{facts.forward})"
     return f"DDP's gradient all-reduce (synced backward pass #{facts.backward})"
 
 

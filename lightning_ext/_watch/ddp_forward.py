@@ -7,45 +7,47 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from lightning_ext._watch.facts import Recorder
 
-__all__ = ["BUCKETS", "BUFFERS", "forward_syncs", "unwatch", "watch"]
-
-BUCKETS = "the order of its rebuilt gradient buckets"
-BUFFERS = "the module's buffers"
+__all__ = ["forward_syncs", "unwatch", "watch"]
 
 
-def forward_syncs(ddp: Any, backward_synced: bool) -> str:
-    """What ``ddp``'s forward pass, called now, broadcasts from rank 0 before its module runs, in words; ``""``: none.
+def forward_syncs(ddp: Any, synced_backwards: int) -> tuple[str, ...]:
+    """What ``ddp``'s forward pass, called now, broadcasts from rank 0 before its module runs: ``"buckets"``,
+    ``"buffers"``, both, or nothing. ``synced_backwards``: the backward passes with gradient sync since the first
+    forward pass that prepared one (in grad mode, outside ``no_sync``).
 
     As torch 2.13's ``DistributedDataParallel._pre_forward`` and its C++ reducer decide (every rank alike):
 
-    * the buckets (``Reducer::rebuild_buckets``, a broadcast of rank 0's assignment): in grad mode, once in a run
+    * the buckets (``Reducer::rebuild_buckets``, two broadcasts of rank 0's assignment): in grad mode, once in a run
       (DDP's ``_has_rebuilt_buckets``), where ``static_graph`` is set or ``find_unused_parameters`` is not, once a
-      backward pass with gradient sync has marked the parameters ready (``backward_synced``: the reducer fills
-      ``rebuilt_params_`` only then), so at the forward pass after the first synced step;
-    * the buffers (``_sync_buffers``): where ``will_sync_module_buffers()``: with ``broadcast_buffers=True`` and
-      buffers, unless the last forward pass ran without grad mode or gradient sync; not with a buffer communication
-      hook, whose communication is the user's.
+      backward pass with gradient sync has marked the parameters ready through the reducer's hooks (they fill
+      ``rebuilt_params_``): so at the forward pass after the first synced backward pass, or, with ``static_graph``,
+      after the second (the first iteration's ``delay_all_reduce`` marks them ready without that record);
+    * the buffers (``_sync_buffers``, one broadcast): where ``will_sync_module_buffers()``: with
+      ``broadcast_buffers=True`` and buffers, unless the last forward pass ran without grad mode or gradient sync; not
+      with a buffer communication hook, whose communication is the user's.
 
     Neither with ``_delay_all_reduce_all_params`` or the Python reducer (compiled autograd): ``_pre_forward`` returns
-    before them. A torch whose DDP lacks one of these attributes gets ``""``: the pass is not recorded.
+    before them. Only a model on the default group (every rank) is considered, and a torch whose DDP lacks one of these
+    attributes gets nothing: the pass is not recorded.
     """
     try:
-        if ddp._use_python_reducer or ddp._delay_all_reduce_all_params:
-            return ""
+        if ddp._use_python_reducer or ddp._delay_all_reduce_all_params or ddp.process_group is not dist.group.WORLD:
+            return ()
         rebuild = (
-            backward_synced
-            and torch.is_grad_enabled()
+            torch.is_grad_enabled()
             and not ddp._has_rebuilt_buckets
             and (ddp.static_graph or not ddp.find_unused_parameters)
+            and synced_backwards >= (2 if ddp.static_graph else 1)
         )
         buffers = not hasattr(ddp, "buffer_hook") and ddp.will_sync_module_buffers()
     except AttributeError:
-        return ""
-    return " and ".join(what for what, made in ((BUCKETS, rebuild), (BUFFERS, buffers)) if made)
+        return ()
+    return tuple(name for name, made in (("buckets", rebuild), ("buffers", buffers)) if made)
 
 
 class _Watched:
@@ -62,14 +64,14 @@ class _Watched:
         ddp, recorder = self.ddp(), self.recorder
         assert ddp is not None  # the module calls its own attribute
         armed = self.armed_at
-        syncs = forward_syncs(ddp, self.trusted and armed is not None and recorder.backwards > armed)
+        syncs = forward_syncs(ddp, recorder.backwards - armed if self.trusted and armed is not None else 0)
         if armed is None and torch.is_grad_enabled() and ddp.require_backward_grad_sync:
             self.armed_at = recorder.backwards  # this pass prepares the reducer for a backward pass with sync
         if not syncs:
             return self.pre_forward(ddp, *inputs, **kwargs)
         with recorder.forward_pass(syncs):
             result = self.pre_forward(ddp, *inputs, **kwargs)
-        if BUCKETS in syncs and not ddp._has_rebuilt_buckets:
+        if "buckets" in syncs and not ddp._has_rebuilt_buckets:
             self.trusted = False
         return result
 

@@ -80,11 +80,11 @@ class Facts:
         backward: the number of the synced backward pass it is in now (DDP's gradient all-reduce runs in it), or
             ``None``; a backward pass without gradient sync, or whose sync is unknown, is not counted.
         backwards: synced backward passes completed.
-        forward: the number of the DDP forward pass it is in now that makes a collective call before the module runs
-            (:mod:`~lightning_ext._watch.ddp_forward`: the broadcast of the rebuilt gradient buckets' order, of the
-            buffers), or ``None``; every other forward pass is not counted.
+        forward: the number of the DDP forward pass it is in now that broadcasts from rank 0 before the module runs
+            (:mod:`~lightning_ext._watch.ddp_forward`), or ``None``; every other forward pass is not counted.
         forwards: such forward passes completed.
-        forward_syncs: what DDP broadcasts in that forward pass, for people (``"the module's buffers"``).
+        forward_syncs: what that pass broadcasts: ``"buckets"`` (the rebuilt gradient buckets' order: two broadcasts),
+            ``"buffers"`` (the module's buffers: one), or both.
         progress: where it is in Lightning's loops.
         signal: the signal it received (``"SIGTERM in training of epoch 0, ..."``), or ``None``.
         recent: its last counted collective calls outside backward passes, oldest first (to name a call that other
@@ -103,7 +103,7 @@ class Facts:
     backwards: int = 0
     forward: int | None = None
     forwards: int = 0
-    forward_syncs: str = ""
+    forward_syncs: tuple[str, ...] = ()
     progress: Progress | None = None
     signal: str | None = None
     recent: tuple[Call, ...] = ()
@@ -135,7 +135,7 @@ class Recorder:
         self._backward: int | None = None
         self._backward_since = 0.0
         self.forwards = 0
-        self._forward: tuple[int, str, float] | None = None  # (number, what DDP broadcasts, since when)
+        self._forward: tuple[int, tuple[str, ...], float] | None = None  # (number, what it broadcasts, since when)
         self.check_since = 0.0  # when the training thread entered the check it is in (``check``)
         self._busy = 0  # checkpoint writes and loads under way
         self._groups: dict[int, tuple[Any, str]] = {}
@@ -214,9 +214,9 @@ class Recorder:
         self.backwards += 1
 
     @contextlib.contextmanager
-    def forward_pass(self, syncs: str) -> Iterator[None]:
-        """Within the block, this rank is in a DDP forward pass that broadcasts ``syncs`` (its buffers, the rebuilt
-        gradient buckets' order) before the module runs; ``""``: one that makes no collective call (not counted)."""
+    def forward_pass(self, syncs: tuple[str, ...]) -> Iterator[None]:
+        """Within the block, this rank is in a DDP forward pass that broadcasts ``syncs`` (``"buckets"``,
+        ``"buffers"``) before the module runs; ``()``: one that makes no collective call (not counted)."""
         if not syncs:
             yield
             return
@@ -279,7 +279,7 @@ class Recorder:
             backwards=self.backwards,
             forward=None if forward is None else forward[0],
             forwards=self.forwards,
-            forward_syncs="" if forward is None else forward[1],
+            forward_syncs=() if forward is None else forward[1],
             progress=progress_of(self.trainer),
             signal=self.signal,
             recent=tuple(self.recent),

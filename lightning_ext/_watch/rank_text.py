@@ -10,6 +10,7 @@ from lightning_ext._watch.facts import WORLD, Call, Facts
 __all__ = [
     "DETAIL_GROUPS",
     "FIRST_LINE",
+    "broadcasts_text",
     "call_text",
     "doing",
     "group_text",
@@ -88,6 +89,18 @@ def call_text(call: Call) -> str:
     return f"{call.name} called from {call.site} (its call #{call.index} on {group_text(call.group)})"
 
 
+def broadcasts_text(syncs: Sequence[str]) -> str:
+    """What a DDP forward pass broadcasts (``Facts.forward_syncs``), in words.
+
+    Example:
+        >>> broadcasts_text(("buckets", "buffers"))
+        "the order of its rebuilt gradient buckets and the module's buffers"
+
+    """
+    words = {"buckets": "the order of its rebuilt gradient buckets", "buffers": "the module's buffers"}
+    return " and ".join(words.get(sync, sync) for sync in syncs) or "nothing"
+
+
 def doing(facts: Facts | None, hook: str | None = None, stack: str = "", workers: Sequence[str] = ()) -> str:
     """What a rank is doing, from its facts (and, in a stall report, its training thread's stack and its DataLoader
     workers): ``blocked in ...``, ``in its synced backward pass #4 ...``, ``in DDP's forward pass #2 ...``,
@@ -104,10 +117,8 @@ def doing(facts: Facts | None, hook: str | None = None, stack: str = "", workers
         pass_ = f"in its synced backward pass #{facts.backward} (DDP all-reduces the gradients in it)"
         return f"{pass_}{in_hook}{at}{during}"
     if facts is not None and facts.forward is not None:
-        pass_ = (
-            f"in DDP's forward pass #{facts.forward}{in_hook} (DDP broadcasts {facts.forward_syncs} from rank 0 in it)"
-        )
-        return f"{pass_}{during}"
+        what = broadcasts_text(facts.forward_syncs)
+        return f"in DDP's forward pass #{facts.forward}{in_hook} (DDP broadcasts {what} from rank 0 in it){during}"
     if "torch/utils/data/dataloader.py" in stack and "_get_data" in stack:
         listed = f" ({'; '.join(workers)})" if workers else ""
         return f"waiting for a batch from its DataLoader worker process(es){listed}{during}"
