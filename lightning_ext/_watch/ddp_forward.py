@@ -7,9 +7,9 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from lightning_ext._collective import is_world
 from lightning_ext._watch.facts import Recorder
 
 __all__ = ["forward_syncs", "unwatch", "watch"]
@@ -35,19 +35,32 @@ def forward_syncs(ddp: Any, synced_backwards: int) -> tuple[str, ...]:
     before them. Only a model on the default group (every rank) is considered, and a torch whose DDP lacks one of these
     attributes gets nothing: the pass is not recorded.
     """
+    return _syncs(ddp, synced_backwards) if _considered(ddp) else ()
+
+
+def _syncs(ddp: Any, synced_backwards: int) -> tuple[str, ...]:
+    """:func:`forward_syncs` for a model :func:`_considered` (at each forward pass: a few attribute reads)."""
     try:
-        if ddp._use_python_reducer or ddp._delay_all_reduce_all_params or ddp.process_group is not dist.group.WORLD:
-            return ()
         rebuild = (
-            torch.is_grad_enabled()
-            and not ddp._has_rebuilt_buckets
-            and (ddp.static_graph or not ddp.find_unused_parameters)
+            not ddp._has_rebuilt_buckets  # first: after the rebuild, the rest is not read
             and synced_backwards >= (2 if ddp.static_graph else 1)
+            and (ddp.static_graph or not ddp.find_unused_parameters)
+            and torch.is_grad_enabled()
         )
-        buffers = not hasattr(ddp, "buffer_hook") and ddp.will_sync_module_buffers()
+        buffers = ddp.will_sync_module_buffers() and "buffer_hook" not in ddp.__dict__
     except AttributeError:
         return ()
-    return tuple(name for name, made in (("buckets", rebuild), ("buffers", buffers)) if made)
+    if rebuild:
+        return ("buckets", "buffers") if buffers else ("buckets",)
+    return ("buffers",) if buffers else ()
+
+
+def _considered(ddp: Any) -> bool:
+    """Whether ``ddp``'s passes may broadcast where :func:`forward_syncs` says (fixed when the model is built)."""
+    try:
+        return not (ddp._use_python_reducer or ddp._delay_all_reduce_all_params) and is_world(ddp.process_group)
+    except AttributeError:
+        return False
 
 
 class _Watched:
@@ -64,7 +77,7 @@ class _Watched:
         ddp, recorder = self.ddp(), self.recorder
         assert ddp is not None  # the module calls its own attribute
         armed = self.armed_at
-        syncs = forward_syncs(ddp, recorder.backwards - armed if self.trusted and armed is not None else 0)
+        syncs = _syncs(ddp, recorder.backwards - armed if self.trusted and armed is not None else 0)
         if armed is None and torch.is_grad_enabled() and ddp.require_backward_grad_sync:
             self.armed_at = recorder.backwards  # this pass prepares the reducer for a backward pass with sync
         if not syncs:
@@ -77,8 +90,13 @@ class _Watched:
 
 
 def watch(ddp: Any, recorder: Recorder) -> None:
-    """Record ``ddp``'s forward passes that broadcast (a DDP module; anything else is left alone; idempotent)."""
-    if isinstance(ddp, DistributedDataParallel) and not isinstance(ddp.__dict__.get("_pre_forward"), _Watched):
+    """Record ``ddp``'s forward passes that broadcast (a DDP module :func:`forward_syncs` considers; anything else is
+    left alone; idempotent)."""
+    if (
+        isinstance(ddp, DistributedDataParallel)
+        and _considered(ddp)
+        and not isinstance(ddp.__dict__.get("_pre_forward"), _Watched)
+    ):
         ddp.__dict__["_pre_forward"] = _Watched(ddp, recorder)
 
 
