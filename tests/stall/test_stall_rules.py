@@ -57,6 +57,19 @@ def test_a_backward_pass_is_a_wait_only_while_another_rank_has_not_started_it() 
     assert waits(ahead, [ahead, both_in_it]) is None  # every rank computes that backward pass: nobody waits
 
 
+def test_a_forward_pass_that_broadcasts_is_a_wait_only_while_another_rank_has_not_started_it() -> None:
+    facts = Facts(0, forward=2, forwards=1, forward_syncs=("buffers",), progress=TRAINING)
+    ahead = RankReport(0, facts=facts, waiting=("forward", 200.0), since_progress=200.0)
+    assert waits(ahead, [ahead, computing(1, 200.0)]) == 200.0  # rank 1 completed 0 such passes
+    with_it = RankReport(1, facts=Facts(1, forward=2, forwards=1, progress=TRAINING), waiting=("forward", 200.0))
+    assert waits(ahead, [ahead, with_it]) is None
+    past_it = RankReport(1, facts=Facts(1, forwards=2, progress=TRAINING), since_progress=1.0)
+    assert waits(ahead, [ahead, past_it]) is None
+    assert "DDP's broadcast of the module's buffers (forward pass #2)" in report_text(
+        [ahead, computing(1, 200.0)], "the ranks stalled", ()
+    )
+
+
 @pytest.mark.parametrize(
     ("reports", "stalled"),
     [
