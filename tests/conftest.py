@@ -91,6 +91,13 @@ def rank_pools() -> Iterator[_Pools]:
     pools.close()
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark ``pool`` every test that uses the rank pools (``make test-fast`` leaves them out)."""
+    for item in items:
+        if "rank_pools" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.pool)
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
     """Print the run's Hypothesis seed; under ``LIGHTNING_EXT_EXPECT_NATIVE`` (tests/patches/test_native.py), prove
     the native seams are in use."""

@@ -1,0 +1,181 @@
+"""Mutation testing of the pure rule modules with cosmic-ray (``make mutation``; docs/testing.md).
+
+Each module is mutated in a copy of the repository of its own (cosmic-ray writes each mutant over the module's file),
+one mutant at a time, and its fast tests run against every mutant: a mutant is killed when they fail. Prints each
+module's kill ratio and every survivor; exits 1 when a module's ratio is under ``--floor`` percent.
+
+Usage: ``.venv/bin/python scripts/mutation.py [--jobs N] [--seed N] [MODULE ...]`` (default: every module below).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+OUT = REPO / "build" / "mutation"
+# the Lightning-bound test of test_messages.py is about where a call comes from (sites.py), and costs an import of
+# Lightning per mutant
+CHECKS = [
+    "tests/checks/test_verdicts.py",
+    "tests/checks/test_messages.py",
+    "--deselect=tests/checks/test_messages.py::test_a_call_that_lightning_makes_with_no_user_frame_on_the_stack_is_lightnings_own",
+]
+# each module and the fast tests run against its mutants (its doctests are added): pure functions, one process
+MODULES: dict[str, list[str]] = {
+    "lightning_ext/_checks/culprit.py": CHECKS,
+    "lightning_ext/_checks/verdict.py": CHECKS,
+    "lightning_ext/_checks/messages.py": CHECKS,
+    "lightning_ext/_watch/rank_text.py": [*CHECKS, "tests/stall/test_stall_rules.py"],
+    "lightning_ext/policies.py": ["tests/decisions/test_policies.py", "tests/decisions/test_reasons.py"],
+    "lightning_ext/_summaries/stragglers.py": ["tests/summaries/test_stragglers.py"],
+    "lightning_ext/_decisions/rows.py": ["tests/decisions/test_rows.py", "tests/decisions/test_reasons.py"],
+}
+# Left out, for time: an arithmetic operator replaced by a bitwise, shift or power operator (6 of the 11 replacements
+# cosmic-ray makes of each). The 5 arithmetic replacements (+ - * / // %) stay, and every other operator.
+EXCLUDED = [r"core/ReplaceBinaryOperator_\w+_(BitOr|BitAnd|BitXor|LShift|RShift|Pow)$"]
+FLOOR = 90.0  # percent: the least kill ratio of each module
+TIMEOUT = 300.0  # seconds for one run of a module's tests (a mutant that loops forever is killed by it)
+COPIED = ("lightning_ext", "tests", "benchmarks", "pyproject.toml")
+
+
+@dataclass
+class Survivor:
+    """A mutant the tests did not kill: its line, cosmic-ray's operator, the lines it changed (``-`` then ``+``)."""
+
+    line: int
+    operator: str
+    diff: list[str]
+
+
+@dataclass
+class Report:
+    """One module's mutation run: its mutants (the excluded operators' left out), those killed, the survivors."""
+
+    module: str
+    mutants: int
+    killed: int
+    seconds: float
+    survivors: list[Survivor]
+
+    @property
+    def ratio(self) -> float:
+        """The kill ratio, in percent."""
+        return 100.0 * self.killed / self.mutants if self.mutants else 100.0
+
+
+def _config(copy: Path, module: str, tests: list[str], seed: int) -> Path:
+    command = [
+        *(sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-p", "no:cov"),
+        *("-o", "addopts=--doctest-modules", f"--hypothesis-seed={seed}", *tests, module),
+    ]
+    lines = [
+        "[cosmic-ray]",
+        f"module-path = {json.dumps(str(copy / module))}",
+        f"timeout = {TIMEOUT}",
+        "excluded-modules = []",
+        f"test-command = {json.dumps(shlex.join(command))}",
+        "[cosmic-ray.distributor]",
+        'name = "local"',
+        "[cosmic-ray.filters.operators-filter]",
+        f"exclude-operators = {json.dumps(EXCLUDED)}",
+    ]
+    path = copy / "cosmic-ray.toml"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _run(command: list[str], cwd: Path) -> None:
+    # no bytecode: a mutant of the same size written within the same second must not be read from a stale .pyc
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "PYTHONPATH": str(cwd), "HYPOTHESIS_PROFILE": "ci"}
+    done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"{shlex.join(command)} failed:\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
+
+
+def mutate(module: str, seed: int) -> Report:
+    """Every mutant of ``module`` against its tests, in a copy of the repository: the figures and the survivors."""
+    started = time.monotonic()
+    bin_dir = Path(sys.executable).parent
+    with tempfile.TemporaryDirectory(prefix="mutation-") as temporary:
+        copy = Path(temporary)
+        for name in COPIED:
+            source = REPO / name
+            if source.is_dir():
+                shutil.copytree(source, copy / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+            else:
+                shutil.copy2(source, copy / name)
+        config, session = _config(copy, module, MODULES[module], seed), copy / "session.sqlite"
+        _run([str(bin_dir / "cosmic-ray"), "init", str(config), str(session)], copy)
+        _run([str(bin_dir / "cr-filter-operators"), str(session), str(config)], copy)
+        _run([str(bin_dir / "cosmic-ray"), "baseline", str(config)], copy)  # the tests pass on the module as it is
+        _run([str(bin_dir / "cosmic-ray"), "exec", str(config), str(session)], copy)
+        return _figures(module, session, time.monotonic() - started)
+
+
+def _figures(module: str, session: Path, seconds: float) -> Report:
+    from cosmic_ray.work_db import WorkDB, use_db
+    from cosmic_ray.work_item import TestOutcome, WorkerOutcome
+
+    killed, survivors = 0, list[Survivor]()
+    with use_db(str(session), WorkDB.Mode.open) as db:
+        for item, result in db.completed_work_items:
+            if result.worker_outcome == WorkerOutcome.SKIPPED:
+                continue
+            if result.test_outcome == TestOutcome.SURVIVED:
+                mutation = item.mutations[0]
+                changed = [
+                    line for line in (result.diff or "").splitlines() if line[:1] in "+-" and line[:3] not in "+++---"
+                ]
+                survivors.append(Survivor(mutation.start_pos[0], mutation.operator_name, changed))
+            else:
+                killed += 1
+    survivors.sort(key=lambda survivor: (survivor.line, survivor.operator))
+    return Report(module, killed + len(survivors), killed, seconds, survivors)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("modules", nargs="*", default=list(MODULES), help="modules to mutate (default: all)")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="modules mutated at once")
+    parser.add_argument("--seed", type=int, default=0, help="the properties' Hypothesis seed (fixed: same figures)")
+    parser.add_argument("--floor", type=float, default=FLOOR, help="least kill ratio per module, in percent")
+    args = parser.parse_args(argv)
+    unknown = [module for module in args.modules if module not in MODULES]
+    if unknown:
+        parser.error(f"not a module of the mutation run: {unknown}; choose from {list(MODULES)}")
+    started = time.monotonic()
+    OUT.mkdir(parents=True, exist_ok=True)
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        reports = list(pool.map(lambda module: mutate(module, args.seed), args.modules))
+    low = []
+    for report in reports:
+        print(
+            f"{report.module}: {report.killed}/{report.mutants} mutants killed, {report.ratio:.1f}%"
+            f" ({report.seconds / 60:.0f} min)"
+        )
+        for survivor in report.survivors:
+            print(f"  survived: line {survivor.line} {survivor.operator}: {' | '.join(survivor.diff)}")
+        if report.ratio < args.floor:
+            low.append(report.module)
+        (OUT / (report.module.replace("/", ".") + ".json")).write_text(
+            json.dumps({**asdict(report), "ratio": report.ratio}, indent=1)
+        )
+    print(f"mutation: {len(reports)} module(s) in {(time.monotonic() - started) / 60:.0f} min; reports in {OUT}")
+    if low:
+        print(f"mutation: under {args.floor:.0f}% killed: {', '.join(map(str, low))}")
+    return 1 if low else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
