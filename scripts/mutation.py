@@ -10,6 +10,9 @@ Usage: ``.venv/bin/python scripts/mutation.py [--jobs N] [--seed N] [MODULE ...]
 from __future__ import annotations
 
 import argparse
+import ast
+import contextlib
+import difflib
 import json
 import os
 import shlex
@@ -20,15 +23,18 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
+from multiprocessing.connection import Client
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "build" / "mutation"
+SERVER = Path(__file__).resolve().parent / "mutation_server.py"  # a warm pytest: a fork per mutant
 # the Lightning-bound test of test_messages.py is about where a call comes from (sites.py), and costs an import of
 # Lightning per mutant
 CHECKS = [
     "tests/checks/test_verdicts.py",
     "tests/checks/test_messages.py",
+    "tests/checks/test_culprit.py",
     "--deselect=tests/checks/test_messages.py::test_a_call_that_lightning_makes_with_no_user_frame_on_the_stack_is_lightnings_own",
 ]
 # each module and the fast tests run against its mutants (its doctests are added): pure functions, one process
@@ -45,8 +51,9 @@ MODULES: dict[str, list[str]] = {
 # cosmic-ray makes of each). The 5 arithmetic replacements (+ - * / // %) stay, and every other operator.
 EXCLUDED = [r"core/ReplaceBinaryOperator_\w+_(BitOr|BitAnd|BitXor|LShift|RShift|Pow)$"]
 FLOOR = 90.0  # percent: the least kill ratio of each module
-TIMEOUT = 300.0  # seconds for one run of a module's tests (a mutant that loops forever is killed by it)
+TIMEOUT = 300.0  # seconds for cosmic-ray's test command (the server's own limit is shorter: mutation_server.py)
 COPIED = ("lightning_ext", "tests", "benchmarks", "pyproject.toml")
+WORK = "mutation"  # in the copy: the original module, the pytest command, which tests run each line
 
 
 @dataclass
@@ -74,11 +81,16 @@ class Report:
         return 100.0 * self.killed / self.mutants if self.mutants else 100.0
 
 
-def _config(copy: Path, module: str, tests: list[str], seed: int) -> Path:
-    command = [
-        *(sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-p", "no:cov"),
-        *("-o", "addopts=--doctest-modules", f"--hypothesis-seed={seed}", *tests, module),
+def _pytest(module: str, seed: int) -> list[str]:
+    """The module's fast tests and its doctests, under pytest: stop at the first failure; one seed for every run."""
+    return [
+        *(sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-p", "no:xdist"),
+        *("-o", "addopts=--doctest-modules", f"--hypothesis-seed={seed}", *MODULES[module], module),
     ]
+
+
+def _config(copy: Path, module: str) -> Path:
+    command = [sys.executable, str(Path(__file__).resolve()), "--run-tests", module]
     lines = [
         "[cosmic-ray]",
         f"module-path = {json.dumps(str(copy / module))}",
@@ -95,10 +107,13 @@ def _config(copy: Path, module: str, tests: list[str], seed: int) -> Path:
     return path
 
 
-def _run(command: list[str], cwd: Path) -> None:
+def _env(copy: Path, **more: str) -> dict[str, str]:
     # no bytecode: a mutant of the same size written within the same second must not be read from a stale .pyc
-    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "PYTHONPATH": str(cwd), "HYPOTHESIS_PROFILE": "ci"}
-    done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True)
+    return {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "PYTHONPATH": str(copy), "HYPOTHESIS_PROFILE": "ci", **more}
+
+
+def _run(command: list[str], copy: Path, **env: str) -> None:
+    done = subprocess.run(command, cwd=copy, env=_env(copy, **env), capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"{shlex.join(command)} failed:\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
 
@@ -115,12 +130,83 @@ def mutate(module: str, seed: int) -> Report:
                 shutil.copytree(source, copy / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
             else:
                 shutil.copy2(source, copy / name)
-        config, session = _config(copy, module, MODULES[module], seed), copy / "session.sqlite"
+        work = copy / WORK
+        work.mkdir()
+        shutil.copy2(copy / module, work / "original.py")
+        (work / "pytest.json").write_text(json.dumps(_pytest(module, seed)))
+        # which tests run each line of the module, once: each mutant then runs only the tests that reach its line
+        traced = [*_pytest(module, seed), "-p", "mutation_trace"]
+        trace_env = {"MUTATION_TRACE_MODULE": str(copy / module), "MUTATION_TRACE_OUT": str(work / "lines.json")}
+        _run(traced, copy, PYTHONPATH=f"{copy}{os.pathsep}{Path(__file__).parent}", **trace_env)
+        config, session = _config(copy, module), copy / "session.sqlite"
         _run([str(bin_dir / "cosmic-ray"), "init", str(config), str(session)], copy)
         _run([str(bin_dir / "cr-filter-operators"), str(session), str(config)], copy)
-        _run([str(bin_dir / "cosmic-ray"), "baseline", str(config)], copy)  # the tests pass on the module as it is
-        _run([str(bin_dir / "cosmic-ray"), "exec", str(config), str(session)], copy)
+        address = copy / WORK / "server.sock"
+        server = subprocess.Popen([sys.executable, str(SERVER), str(address)], cwd=copy, env=_env(copy))
+        try:
+            while not address.exists():
+                if server.poll() is not None:
+                    raise RuntimeError(f"the test runner for {module} ended with {server.returncode}")
+                time.sleep(0.1)
+            _run([str(bin_dir / "cosmic-ray"), "baseline", str(config)], copy)  # the tests pass on the module as is
+            _run([str(bin_dir / "cosmic-ray"), "exec", str(config), str(session)], copy)
+        finally:
+            with contextlib.suppress(OSError), Client(str(address), family="AF_UNIX") as client:
+                client.send(None)
+            server.wait(30)
         return _figures(module, session, time.monotonic() - started)
+
+
+def run_tests(module: str) -> int:
+    """cosmic-ray's test command for one mutant, in the module's copy (the working directory): the tests that run
+    the changed statement; every test where it runs at import (a module-level constant, a default, a decorator) or
+    where nothing changed (the baseline). No test runs it: exit 0, the mutant survives (no test can kill it)."""
+    copy = Path.cwd()
+    shutil.rmtree(copy / ".hypothesis", ignore_errors=True)  # no example saved by another mutant's run: reproducible
+    original = (copy / WORK / "original.py").read_text()
+    command: list[str] = json.loads((copy / WORK / "pytest.json").read_text())
+    changed = _changed_lines(original, (copy / module).read_text())
+    tests = _tests_reaching(original, changed, json.loads((copy / WORK / "lines.json").read_text()))
+    if tests is not None and not tests:
+        return 0
+    arguments = command[3:]  # pytest's own, after `python -m pytest`
+    if tests is not None:
+        arguments = [arg for arg in arguments if arg.startswith("-")] + tests
+    with Client(str(copy / WORK / "server.sock"), family="AF_UNIX") as client:
+        client.send(arguments)
+        code: int = client.recv()
+    return code
+
+
+def _changed_lines(original: str, mutated: str) -> set[int]:
+    matcher = difflib.SequenceMatcher(a=original.splitlines(), b=mutated.splitlines(), autojunk=False)
+    changed: set[int] = set()
+    for tag, first, last, _, _ in matcher.get_opcodes():
+        if tag != "equal":
+            changed.update(range(first + 1, max(last, first + 1) + 1))
+    return changed
+
+
+def _tests_reaching(original: str, changed: set[int], lines: dict[str, list[str]]) -> list[str] | None:
+    """The tests that ran a changed statement of a function body; ``None``: every test (import time, or no change)."""
+    if not changed:
+        return None
+    tree = ast.parse(original)
+    bodies = [
+        (node.body[0].lineno, node.end_lineno or node.body[0].lineno)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+    ]
+    statements = [node for node in ast.walk(tree) if isinstance(node, ast.stmt)]
+    tests: set[str] = set()
+    for line in changed:
+        if not any(first <= line <= last for first, last in bodies):
+            return None  # runs at import: every test depends on it
+        around = [node for node in statements if node.lineno <= line <= (node.end_lineno or node.lineno)]
+        inner = min(around, key=lambda node: (node.end_lineno or node.lineno) - node.lineno)
+        for number in range(inner.lineno, (inner.end_lineno or inner.lineno) + 1):
+            tests.update(lines.get(str(number), ()))
+    return sorted(tests)
 
 
 def _figures(module: str, session: Path, seconds: float) -> Report:
@@ -150,7 +236,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="modules mutated at once")
     parser.add_argument("--seed", type=int, default=0, help="the properties' Hypothesis seed (fixed: same figures)")
     parser.add_argument("--floor", type=float, default=FLOOR, help="least kill ratio per module, in percent")
+    parser.add_argument("--run-tests", metavar="MODULE", help=argparse.SUPPRESS)  # cosmic-ray's test command
     args = parser.parse_args(argv)
+    if args.run_tests:
+        return run_tests(args.run_tests)
     unknown = [module for module in args.modules if module not in MODULES]
     if unknown:
         parser.error(f"not a module of the mutation run: {unknown}; choose from {list(MODULES)}")
