@@ -50,7 +50,8 @@ def test_demo_runs_every_policy_and_prints_the_table(tmp_path: Path) -> None:
     named = [line for line in verdict.splitlines() if line.startswith("  rank ")]
     assert len(named) == 1 and named[0].startswith("  rank 1 held the others back in "), verdict
     assert "(chronic): data loading took it " in named[0], verdict
-    assert 20 < float(named[0].split("data loading took it ")[1].split()[0]) < 60, verdict  # ms
+    # about the 30 ms per batch the demo's loader sleeps: at least half of it (load only adds to a sleep)
+    assert float(named[0].split("data loading took it ")[1].split()[0]) >= 15, verdict  # ms
     # the decision record of the 'majority' run: one line per checkpoint decision, with its reason
     record = out.split("why the 'majority' run saved a checkpoint, or not")[1].split("\n\n")[0].splitlines()[2:]
     assert len(record) == 4 and all("'majority' needs 2 of 2" in line for line in record), record
