@@ -21,7 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass
 from multiprocessing.connection import Client
 from pathlib import Path
@@ -53,6 +53,7 @@ EXCLUDED = [r"core/ReplaceBinaryOperator_\w+_(BitOr|BitAnd|BitXor|LShift|RShift|
 FLOOR = 90.0  # percent: the least kill ratio of each module
 TIMEOUT = 300.0  # seconds for cosmic-ray's test command (the server's own limit is shorter: mutation_server.py)
 COPIED = ("lightning_ext", "tests", "benchmarks", "pyproject.toml")
+ANNOTATION = "in a type annotation"  # a skipped mutant's note: equivalent by construction (_skip_annotations)
 WORK = "mutation"  # in the copy: the original module, the pytest command, which tests run each line
 
 
@@ -72,6 +73,7 @@ class Report:
     module: str
     mutants: int
     killed: int
+    annotations: int  # mutants in type annotations, left out: equivalent by construction
     seconds: float
     survivors: list[Survivor]
 
@@ -141,6 +143,7 @@ def mutate(module: str, seed: int) -> Report:
         config, session = _config(copy, module), copy / "session.sqlite"
         _run([str(bin_dir / "cosmic-ray"), "init", str(config), str(session)], copy)
         _run([str(bin_dir / "cr-filter-operators"), str(session), str(config)], copy)
+        _skip_annotations(session, (copy / module).read_text())
         address = copy / WORK / "server.sock"
         server = subprocess.Popen([sys.executable, str(SERVER), str(address)], cwd=copy, env=_env(copy))
         try:
@@ -155,6 +158,35 @@ def mutate(module: str, seed: int) -> Report:
                 client.send(None)
             server.wait(30)
         return _figures(module, session, time.monotonic() - started)
+
+
+def _skip_annotations(session: Path, source: str) -> None:
+    """Skip the mutants inside type annotations: under ``from __future__ import annotations`` they are strings that
+    nothing evaluates, so equivalent by construction (``str | None`` made ``str - None``)."""
+    from cosmic_ray.work_db import WorkDB, use_db
+    from cosmic_ray.work_item import WorkerOutcome, WorkResult
+
+    tree = ast.parse(source)
+    if not any(isinstance(node, ast.ImportFrom) and node.module == "__future__" for node in tree.body):
+        return  # annotations are evaluated: their mutants run like any other
+    spans = []
+    for node in ast.walk(tree):
+        found: list[ast.expr | None] = []
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            found.append(node.returns)
+        elif isinstance(node, ast.arg | ast.AnnAssign):
+            found.append(node.annotation)
+        spans += [
+            ((a.lineno, a.col_offset), (a.end_lineno or a.lineno, a.end_col_offset or 0))
+            for a in found
+            if a is not None
+        ]
+    with use_db(str(session), WorkDB.Mode.open) as db:
+        for item in db.pending_work_items:
+            mutation = item.mutations[0]
+            start, end = tuple(mutation.start_pos), tuple(mutation.end_pos)
+            if any(first <= start and end <= last for first, last in spans):
+                db.set_result(item.job_id, WorkResult(output=ANNOTATION, worker_outcome=WorkerOutcome.SKIPPED))
 
 
 def run_tests(module: str) -> int:
@@ -213,10 +245,11 @@ def _figures(module: str, session: Path, seconds: float) -> Report:
     from cosmic_ray.work_db import WorkDB, use_db
     from cosmic_ray.work_item import TestOutcome, WorkerOutcome
 
-    killed, survivors = 0, list[Survivor]()
+    killed, annotations, survivors = 0, 0, list[Survivor]()
     with use_db(str(session), WorkDB.Mode.open) as db:
         for item, result in db.completed_work_items:
             if result.worker_outcome == WorkerOutcome.SKIPPED:
+                annotations += result.output == ANNOTATION
                 continue
             if result.test_outcome == TestOutcome.SURVIVED:
                 mutation = item.mutations[0]
@@ -227,7 +260,7 @@ def _figures(module: str, session: Path, seconds: float) -> Report:
             else:
                 killed += 1
     survivors.sort(key=lambda survivor: (survivor.line, survivor.operator))
-    return Report(module, killed + len(survivors), killed, seconds, survivors)
+    return Report(module, killed + len(survivors), killed, annotations, seconds, survivors)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -245,21 +278,25 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"not a module of the mutation run: {unknown}; choose from {list(MODULES)}")
     started = time.monotonic()
     OUT.mkdir(parents=True, exist_ok=True)
+    low, reports = [], []
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        reports = list(pool.map(lambda module: mutate(module, args.seed), args.modules))
-    low = []
-    for report in reports:
-        print(
-            f"{report.module}: {report.killed}/{report.mutants} mutants killed, {report.ratio:.1f}%"
-            f" ({report.seconds / 60:.0f} min)"
-        )
-        for survivor in report.survivors:
-            print(f"  survived: line {survivor.line} {survivor.operator}: {' | '.join(survivor.diff)}")
-        if report.ratio < args.floor:
-            low.append(report.module)
-        (OUT / (report.module.replace("/", ".") + ".json")).write_text(
-            json.dumps({**asdict(report), "ratio": report.ratio}, indent=1)
-        )
+        # the largest first, each printed as it ends
+        ordered = sorted(args.modules, key=lambda module: -(REPO / module).stat().st_size)
+        for future in as_completed([pool.submit(mutate, module, args.seed) for module in ordered]):
+            report = future.result()
+            reports.append(report)
+            print(
+                f"{report.module}: {report.killed}/{report.mutants} mutants killed, {report.ratio:.1f}%"
+                f" ({report.annotations} in type annotations left out; {report.seconds / 60:.0f} min)",
+                flush=True,
+            )
+            for survivor in report.survivors:
+                print(f"  survived: line {survivor.line} {survivor.operator}: {' | '.join(survivor.diff)}", flush=True)
+            if report.ratio < args.floor:
+                low.append(report.module)
+            (OUT / (report.module.replace("/", ".") + ".json")).write_text(
+                json.dumps({**asdict(report), "ratio": report.ratio}, indent=1)
+            )
     print(f"mutation: {len(reports)} module(s) in {(time.monotonic() - started) / 60:.0f} min; reports in {OUT}")
     if low:
         print(f"mutation: under {args.floor:.0f}% killed: {', '.join(map(str, low))}")
