@@ -35,6 +35,7 @@ CHECKS = [
     "tests/checks/test_verdicts.py",
     "tests/checks/test_messages.py",
     "tests/checks/test_culprit.py",
+    "tests/checks/test_wording.py",
     "--deselect=tests/checks/test_messages.py::test_a_call_that_lightning_makes_with_no_user_frame_on_the_stack_is_lightnings_own",
 ]
 # each module and the fast tests run against its mutants (its doctests are added): pure functions, one process
