@@ -151,3 +151,47 @@ def test_values_of_another_dtype_list_each_rank_s_layout_and_cut_the_keys_to_60_
         "  rank 1: values 4 float64 (mean)",
         "  rank 2: values not on the CPU",
     ]
+
+
+# ---- the keys some ranks synced, and the file of an order difference --------------------------------------------
+def _round(rank: int, names: list[str], site: str) -> Point:
+    entries = [
+        {"name": name, "fx": "on_validation_epoch_end", "dataloader": None, "reduce": "mean", "site": site,
+         "call": f"self.log({name!r}, sync_dist=True)"}
+        for name in names
+    ]  # fmt: skip
+    facts = Facts(rank, batches=4, progress=Progress("validate", 0))
+    return Point("epoch_logs", ("epoch_logs", tuple(names)), "the epoch-end sync", entries, facts=facts)
+
+
+def test_the_keys_some_ranks_synced_are_listed_eight_then_counted() -> None:
+    names = [f"k{index}" for index in range(10)]
+    lightnings = call_at(1, "strategy.barrier('train_dataloader()')", None, hook="on_train_start")
+    error = describe_divergence([_round(0, names, "/p/m.py:18 in on_validation_epoch_end"), lightnings])
+    listed = ", ".join(f"{name!r} (on_validation_epoch_end, m.py:18: rank 0)" for name in names[:8])
+    assert f"  synced on some ranks only: {listed} and 2 more" in str(error).splitlines()
+
+
+def test_an_order_difference_cuts_the_file_name_to_40_characters() -> None:
+    name = "a_very_long_module_name_" * 3 + ".py"
+    site = f"/p/{name}:18 in on_validation_epoch_end"
+    error = describe_divergence([_round(0, ["a", "b"], site), _round(1, ["b", "a"], site)])
+    assert isinstance(error, errors.DivergentLoggingError)
+    assert first_line(error) == (
+        "Synced logging differs between ranks: the same keys are synced in a different order in"
+        f" on_validation_epoch_end ({cut(name, 40)}:18). Fix: log the same keys on every rank."
+    )
+
+
+def test_a_deadlock_no_rule_can_blame_gives_the_fix_of_its_kind() -> None:
+    """At a collective, the collectives' fix; at a synced log, the logging fix (the message's last line)."""
+    collective = Point("collective", ("end",), "the end of training", call="x")
+    logged = Point("epoch_logs", ("epoch_logs", ()), "the epoch-end sync of nothing", [], call="y")
+    waiting, missing = Facts(0, check=(3, "x"), checks=2), Facts(1, checks=2, backward=5, backwards=4)
+    at_collective = describe_deadlock(collective, [waiting], [missing])
+    at_log = describe_deadlock(logged, [waiting], [missing])
+    assert isinstance(at_collective, errors.DivergentCollectiveError)
+    assert str(at_collective).splitlines()[-1].startswith("`trainer.log_dir`, `trainer.save_checkpoint(...)`")
+    assert isinstance(at_log, errors.DivergentLoggingError)
+    assert first_line(at_log).startswith("rank 0 waited at y, which rank 1 can never reach")
+    assert str(at_log).splitlines()[-1].startswith("Every rank must make the same synced logging calls")
