@@ -143,5 +143,9 @@ def test_a_policy_says_its_kind_and_a_policy_without_one_cannot_be_made() -> Non
     class Kindless(DecisionPolicy):
         pass
 
-    with pytest.raises(TypeError, match="abstract"):
-        Kindless()  # type: ignore[abstract]
+    class Undecided(VotePolicy):  # a vote policy of a user's that forgot its rule
+        pass
+
+    for incomplete in (Kindless, Undecided):
+        with pytest.raises(TypeError, match="abstract"):
+            incomplete()
