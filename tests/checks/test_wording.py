@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from lightning_ext import errors
 from lightning_ext._checks.messages import describe_deadlock, describe_divergence
+from lightning_ext._checks.messages import first_line as first_line_of
 from lightning_ext._checks.points import Point
 from lightning_ext._watch.facts import Call, Facts
 from lightning_ext._watch.progress import Progress
@@ -164,12 +165,21 @@ def _round(rank: int, names: list[str], site: str) -> Point:
     return Point("epoch_logs", ("epoch_logs", tuple(names)), "the epoch-end sync", entries, facts=facts)
 
 
-def test_the_keys_some_ranks_synced_are_listed_eight_then_counted() -> None:
+def test_the_keys_some_ranks_synced_are_listed_eight_then_counted_with_the_file_cut_to_40() -> None:
     names = [f"k{index}" for index in range(10)]
+    module = "a_very_long_module_name_" * 3 + ".py"
     lightnings = call_at(1, "strategy.barrier('train_dataloader()')", None, hook="on_train_start")
-    error = describe_divergence([_round(0, names, "/p/m.py:18 in on_validation_epoch_end"), lightnings])
-    listed = ", ".join(f"{name!r} (on_validation_epoch_end, m.py:18: rank 0)" for name in names[:8])
+    error = describe_divergence([_round(0, names, f"/p/{module}:18 in on_validation_epoch_end"), lightnings])
+    listed = ", ".join(f"{name!r} (on_validation_epoch_end, {cut(module, 40)}:18: rank 0)" for name in names[:8])
     assert f"  synced on some ranks only: {listed} and 2 more" in str(error).splitlines()
+
+
+def test_a_first_line_keeps_its_advice_up_to_200_characters() -> None:
+    advice = "Fix: call it on every rank."
+    exactly = "c" * (LIMIT - 1 - len(advice))
+    assert first_line_of(exactly, advice) == f"{exactly} {advice}"  # 200 characters: both
+    assert first_line_of(exactly + "c", advice) == exactly + "c"  # 201: the cause alone
+    assert first_line_of("c" * (LIMIT + 1), advice) == "c" * (LIMIT - 3) + "..."  # the cause cut to 200
 
 
 def test_an_order_difference_cuts_the_file_name_to_40_characters() -> None:
