@@ -1,5 +1,5 @@
 # The two entry points the README opens with. Both set up .venv first (idempotent).
-.PHONY: demo test test-fast test-lightning-2.5 setup setup-lightning-2.5 lint typecheck ci mutation
+.PHONY: demo test test-ci test-fast test-lightning-2.5 setup setup-lightning-2.5 lint typecheck ci mutation
 
 # The verified Lightning releases (lightning_ext/strategies/_compat.py VERIFIED): .venv holds the newest, the README's default.
 LIGHTNING := 2.6.6
@@ -24,8 +24,13 @@ setup:
 demo: setup
 	.venv/bin/python -m lightning_ext.demo
 
+# every test but those marked `ci` (the patch series run natively: whole suites and jobs again, minutes each)
 test: setup
-	.venv/bin/python -m pytest $(PARALLEL)
+	.venv/bin/python -m pytest $(PARALLEL) -m "not ci"
+
+# what `make test` leaves to CI: the tests marked `ci`
+test-ci: setup
+	.venv/bin/python -m pytest $(PARALLEL) -m ci
 
 setup-lightning-2.5:
 	scripts/bootstrap.sh $(VENV_25) $(LIGHTNING_25)
@@ -47,8 +52,9 @@ lint: setup
 typecheck: setup
 	.venv/bin/python -m mypy lightning_ext benchmarks scripts/mutation.py
 
-# What CI runs (.ci/run), each step timed there: the README's test command, lint, typecheck, the 2.5.6 core suite.
-ci: test lint typecheck test-lightning-2.5
+# What CI runs (.ci/run), each step timed there: the README's test command and the tests it leaves to CI, lint,
+# typecheck, the 2.5.6 core suite (the `ci` tests included).
+ci: test test-ci lint typecheck test-lightning-2.5
 
 # Mutation testing of the pure rule modules against their fast tests (scripts/mutation.py, docs/testing.md): each
 # module's kill ratio and survivors; fails under 90% in a module. Not part of CI: run it when a rule changes.
