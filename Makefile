@@ -40,7 +40,7 @@ test-lightning-2.5: setup-lightning-2.5
 
 # The edit loop: the pure and in-process tests (no rank pool, no launched DDP job, no Trainer on several processes).
 test-fast: setup
-	.venv/bin/python -m pytest -n 2 --dist loadfile -m "not slow and not pool and not stock"
+	.venv/bin/python -m pytest -n 2 --dist loadfile -m "not slow and not pool and not stock and not ci"
 
 # ruff; the architecture's import contracts (pyproject.toml [tool.importlinter], docs/architecture.md); dead code
 lint: setup
