@@ -283,8 +283,14 @@ def main(argv: list[str] | None = None) -> int:
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         # the largest first, each printed as it ends
         ordered = sorted(args.modules, key=lambda module: -(REPO / module).stat().st_size)
-        for future in as_completed([pool.submit(mutate, module, args.seed) for module in ordered]):
-            report = future.result()
+        futures = {pool.submit(mutate, module, args.seed): module for module in ordered}
+        for future in as_completed(futures):
+            try:
+                report = future.result()
+            except Exception as error:  # a module that could not be run: said, and the others go on
+                print(f"{futures[future]}: not run: {error}", flush=True)
+                low.append(futures[future])
+                continue
             reports.append(report)
             print(
                 f"{report.module}: {report.killed}/{report.mutants} mutants killed, {report.ratio:.1f}%"
