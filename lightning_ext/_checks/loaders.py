@@ -9,9 +9,8 @@ from lightning.pytorch.utilities import rank_zero_warn
 
 from lightning_ext import errors
 from lightning_ext._checks.lockstep import Lockstep
-from lightning_ext._checks.messages import FIXES, describe_divergence, first_line
+from lightning_ext._checks.messages import FIXES, count_text, describe_divergence, first_line
 from lightning_ext._checks.points import Point
-from lightning_ext._checks.uneven_text import count_text
 from lightning_ext._watch.rank_text import grouped_lines, ranks_text
 
 __all__ = ["LoaderChecks", "active", "start", "stop"]

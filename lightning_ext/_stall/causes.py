@@ -101,7 +101,7 @@ def summarize(everyone: Sequence[RankReport], failed: dict[int, str] | None = No
     ``failed``: the ranks whose collective call failed (a peer's process ended), with the error's first line.
 
     Example:
-        >>> from lightning_ext._watch.facts import Facts
+        >>> from lightning_ext._watch.rank_facts import Facts
         >>> waiting = RankReport(0, facts=Facts(0, backward=4, backwards=3), waiting=("backward", 130.0),
         ...                      since_progress=130.0)
         >>> computing = RankReport(1, facts=Facts(1, backwards=3, at="train.py:40 in training_step"),

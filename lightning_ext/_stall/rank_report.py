@@ -13,11 +13,14 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
 
-from lightning_ext._watch.facts import Call, Facts, Recorder
+from lightning_ext._watch.rank_facts import Call, Facts
+
+if TYPE_CHECKING:  # the recorder counts with torch.distributed; a report is plain data, and the rules read it pure
+    from lightning_ext._watch.facts import Recorder
 
 __all__ = ["Liveness", "RankReport", "checkpoint_work", "collect", "launched", "liveness", "progress_marks"]
 

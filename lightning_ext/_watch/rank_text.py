@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 
-from lightning_ext._watch.facts import WORLD, Call, Facts
+from lightning_ext._watch.rank_facts import WORLD, Call, Facts
 
 __all__ = [
     "DETAIL_GROUPS",

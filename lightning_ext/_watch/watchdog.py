@@ -13,7 +13,8 @@ from datetime import timedelta
 from typing import Any, NoReturn
 
 from lightning_ext import _collective, errors
-from lightning_ext._watch.facts import Facts, Recorder
+from lightning_ext._watch.facts import Recorder
+from lightning_ext._watch.rank_facts import Facts
 from lightning_ext.errors import mark_joint
 
 __all__ = ["ANSWER_TIMEOUT", "ErrorRecord", "Watchdog", "ask", "mail", "raise_record"]

@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 from lightning_ext import errors
 from lightning_ext._checks.messages import describe_deadlock, describe_divergence
 from lightning_ext._checks.points import Point
-from lightning_ext._watch.facts import Call, Facts
 from lightning_ext._watch.progress import Progress
+from lightning_ext._watch.rank_facts import Call, Facts
 from lightning_ext._watch.rank_text import grouped_lines, ranks_text
 
 LIMIT = 200  # characters of a first line, at any world size

@@ -17,8 +17,8 @@ from lightning_ext._checks.messages import describe_deadlock, describe_divergenc
 from lightning_ext._checks.points import Point
 from lightning_ext._checks.verdict import blocked_by, deadlock
 from lightning_ext._exchange_rounds import exchange_partners
-from lightning_ext._watch.facts import Call, Facts
 from lightning_ext._watch.progress import Progress
+from lightning_ext._watch.rank_facts import Call, Facts
 from tests.helpers.rounds import play_rounds
 
 CALL = "self.log('x', sync_dist=True)"

@@ -17,8 +17,8 @@ from lightning_ext import PolicyDDPStrategy
 from lightning_ext._stall.causes import is_stalled, report_text, summarize, thresholds, waits
 from lightning_ext._stall.monitor import _append
 from lightning_ext._stall.rank_report import RankReport, liveness
-from lightning_ext._watch.facts import Call, Facts
 from lightning_ext._watch.progress import Progress
+from lightning_ext._watch.rank_facts import Call, Facts
 
 TRAINING = Progress(stage="train", epoch=0, train_batches=4)
 
