@@ -14,8 +14,8 @@ import pandas as pd
 
 from lightning_ext._decisions.record_format import COLUMNS, changed_something, json_row
 from lightning_ext._files.csv_format import GRADIENT_WAIT_S, RSS_BYTES, STEP_S, TELEMETRY_COLUMNS
+from lightning_ext._rank_lists import ranks_text
 from lightning_ext._reading.reader import ReadReport, Request, read_table
-from lightning_ext._reading.same_run import rank_ranges
 from lightning_ext._summaries.number_format import csv_text, json_value
 from lightning_ext._summaries.spread import MetricSpread
 from lightning_ext._summaries.spread_format import furthest_table, spread_records, spreads_csv, stats_table
@@ -269,8 +269,8 @@ def _print_text(
     args: argparse.Namespace, table: pd.DataFrame, spreads: list[MetricSpread], report: ReadReport, many: bool
 ) -> None:
     ranks = table["rank"].nunique()
-    incomplete = f", incomplete: rank {', '.join(map(str, report.incomplete))}" if report.incomplete else ""
-    skipped = f", skipped: rank {rank_ranges(report.skipped)}" if report.skipped else ""
+    incomplete = f", incomplete: {ranks_text(report.incomplete, None)}" if report.incomplete else ""
+    skipped = f", skipped: {ranks_text(report.skipped, None)}" if report.skipped else ""
     print(f"{args.log_dir}: {ranks} rank(s), {len(table)} row(s), {len(spreads)} metric(s){incomplete}{skipped}")
     value = "each rank's last value" if args.step == "last" else f"each rank's value at step {args.step}"
     if many:

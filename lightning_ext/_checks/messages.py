@@ -13,11 +13,20 @@ from typing import Any
 from lightning_ext import errors
 from lightning_ext._checks.culprit import Stand, blocked_stand, culprits, extra_call_stands, split_keys, stand_at
 from lightning_ext._checks.points import LOGGING, Point
+from lightning_ext._rank_lists import ranks_text
 from lightning_ext._watch.progress import Progress
 from lightning_ext._watch.rank_facts import Facts
-from lightning_ext._watch.rank_text import FIRST_LINE, doing, grouped_lines, ranks_text, short_site, shortened
+from lightning_ext._watch.rank_text import FIRST_LINE, doing, grouped_lines, short_site, shortened
 
-__all__ = ["FIXES", "count_text", "describe_deadlock", "describe_divergence", "first_line", "signalled_message"]
+__all__ = [
+    "FIXES",
+    "batch_counts",
+    "count_text",
+    "describe_deadlock",
+    "describe_divergence",
+    "first_line",
+    "signalled_message",
+]
 
 FIXES = {
     "log": (
@@ -382,23 +391,35 @@ def _loaders_headline(points: Sequence[Point]) -> tuple[str, list[str]]:
         )
     parts = []
     for position, name in enumerate(names):
-        by_count: dict[float, list[int]] = {}
-        for rank, detail in enumerate(details):
-            by_count.setdefault(detail["counts"][position], []).append(rank)
-        if len(by_count) > 1:
-            ordered = sorted(by_count.items())
-            shown = [f"{_batches(count) if index == 0 else count_text(count)} on {ranks_text(ranks, 2)}"
-                     for index, (count, ranks) in enumerate(ordered[:2])]  # fmt: skip
-            rest = sum(len(ranks) for _, ranks in ordered[2:])
-            parts.append(
-                f"the {name} has {', '.join(shown)}" + (f", other counts on {rest} more ranks" if rest else "")
-            )
+        counts = [detail["counts"][position] for detail in details]
+        if len(set(counts)) > 1:
+            parts.append(f"the {name} has {batch_counts(counts)}")
     more = f"; and {len(parts) - 1} more dataloader(s)" if len(parts) > 1 else ""
     lines = grouped_lines(
         (rank, ", ".join(f"{name}: {_batches(count)}" for name, count in zip(names, detail["counts"], strict=True)))
         for rank, detail in enumerate(details)
     )
     return f"Uneven data in {stage}: {parts[0]}{more}.", lines
+
+
+def batch_counts(counts: Sequence[float]) -> str:
+    """Each rank's batch count (``counts[rank]``), the two fewest with their ranks and the rest as a count of ranks.
+
+    Example:
+        >>> batch_counts([4, 5, 4, 4])
+        '4 batches on ranks 0 and 2-3 but 5 on rank 1'
+        >>> batch_counts([3, 4, 5, 6, 7])
+        '3 batches on rank 0 but 4 on rank 1, and other counts on 3 more ranks'
+
+    """
+    by_count: dict[float, list[int]] = {}
+    for rank, count in enumerate(counts):
+        by_count.setdefault(count, []).append(rank)
+    ordered = sorted(by_count.items())
+    shown = [f"{_batches(count) if index == 0 else count_text(count)} on {ranks_text(ranks, 2)}"
+             for index, (count, ranks) in enumerate(ordered[:2])]  # fmt: skip
+    rest = sum(len(ranks) for _, ranks in ordered[2:])
+    return " but ".join(shown) + (f", and other counts on {rest} more ranks" if rest else "")
 
 
 def _batches(count: float) -> str:

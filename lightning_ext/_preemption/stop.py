@@ -18,6 +18,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from lightning_ext._preemption import checkpoint as stop_checkpoint
+from lightning_ext._rank_lists import ranks_text
 from lightning_ext._watch.facts import SignalConsumer
 from lightning_ext._watch.watchdog import Watchdog, raise_record
 from lightning_ext.errors import mark_joint
@@ -182,7 +183,8 @@ class StopController:
         silent = sorted(set(range(self.world_size)) - set(positions))
         if silent:  # a rank that cannot say where it is could be past any batch picked: no stop is safe
             warnings.warn(
-                f"lightning-ext: {who}; {counted}, but rank(s) {silent} did not say where they are: training goes on",
+                f"lightning-ext: {who}; {counted}, but {ranks_text(silent, None)} did not say where they are:"
+                " training goes on",
                 stacklevel=1,
             )
             self.watchdog.tell_everyone(_AGREED, before="-1", signal="0")

@@ -18,10 +18,11 @@ from lightning_ext._files.csv_format import (
 )
 from lightning_ext._files.markers import describe
 from lightning_ext._files.parted_file import read_chunks
+from lightning_ext._rank_lists import ranks_text
 from lightning_ext._reading.fast_csv import ENGINES, SplitFile, default_engine, parse_exact, parse_pieces, split_file
 from lightning_ext._reading.log_dir_files import RankFiles, list_rank_files
 from lightning_ext._reading.long_table import Columns
-from lightning_ext._reading.same_run import RankInfo, check_one_run, check_rotations, rank_ranges
+from lightning_ext._reading.same_run import RankInfo, check_one_run, check_rotations
 from lightning_ext.errors import RankMetricsError
 
 __all__ = ["ReadReport", "Request", "read_table"]
@@ -151,8 +152,8 @@ def _selected_ranks(found: RankFiles, request: Request, log_dir: str) -> list[in
     absent = [rank for rank in request.ranks if rank not in found.files]
     if absent:
         raise FileNotFoundError(
-            f"No file for rank(s) {rank_ranges(absent)} under {log_dir} (the ranks with a file: "
-            f"{rank_ranges(found.ranks)})"
+            f"No file for {ranks_text(absent, None)} under {log_dir} (the ranks with a file:"
+            f" {ranks_text(found.ranks, None).split(' ', 1)[1]})"
         )
     return list(request.ranks)
 

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 
+from lightning_ext._rank_lists import ranks_text
 from lightning_ext._stall.rank_report import RankReport
 from lightning_ext._watch.rank_text import call_text, doing, group_text
 
@@ -123,7 +124,7 @@ def summarize(everyone: Sequence[RankReport], failed: dict[int, str] | None = No
     odd = _odd_calls(everyone)
     if odd:
         parts = [
-            f"rank {report.rank} is blocked in {_call_text(report)}, which rank(s) {never} never made"
+            f"rank {report.rank} is blocked in {_call_text(report)}, which {ranks_text(never)} never made"
             for report, never in odd
         ]
         others = [report for report in waiting if report not in [one for one, _ in odd]]

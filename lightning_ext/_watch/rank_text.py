@@ -1,10 +1,11 @@
-"""How the hang checks and the stall report say things: ranks as ranges, grouped lines, what a rank does; pure."""
+"""How the hang checks and the stall report say things: lines grouped by rank, sites, calls, what a rank does; pure."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
 
+from lightning_ext._rank_lists import ranks_text
 from lightning_ext._watch.rank_facts import WORLD, Call, Facts
 
 __all__ = [
@@ -14,7 +15,6 @@ __all__ = [
     "doing",
     "group_text",
     "grouped_lines",
-    "ranks_text",
     "short_site",
     "shortened",
 ]
@@ -22,30 +22,6 @@ __all__ = [
 FIRST_LINE = 200  # characters: a first line stays under this at any world size
 DETAIL_GROUPS = 8  # detail lines: at most this many groups of ranks, then one line for the rest
 _SITE = re.compile(r"^(?P<path>.+):(?P<line>\d+)(?: in .*)?$")
-
-
-def ranks_text(ranks: Iterable[int], most: int = 4) -> str:
-    """The ranks, as few words as it takes: ``rank 3``, ``ranks 1-7``, ``ranks 0, 2, 5-9``; beyond ``most`` runs of
-    consecutive ranks, the rest as a count: ``ranks 0, 2, 4, 6 and 508 more``.
-
-    Example:
-        >>> ranks_text([3]), ranks_text(range(1, 8)), ranks_text([0, 1, 5]), ranks_text(range(0, 1024, 2))
-        ('rank 3', 'ranks 1-7', 'ranks 0-1, 5', 'ranks 0, 2, 4, 6 and 508 more')
-
-    """
-    ordered = sorted(set(ranks))
-    if not ordered:
-        return "no rank"
-    runs: list[list[int]] = []
-    for rank in ordered:
-        if runs and rank == runs[-1][1] + 1:
-            runs[-1][1] = rank
-        else:
-            runs.append([rank, rank])
-    shown = runs[:most]
-    text = ", ".join(str(first) if first == last else f"{first}-{last}" for first, last in shown)
-    rest = len(ordered) - sum(last - first + 1 for first, last in shown)
-    return ("rank " if len(ordered) == 1 else "ranks ") + text + (f" and {rest} more" if rest else "")
 
 
 def grouped_lines(items: Iterable[tuple[int, str]], most: int = DETAIL_GROUPS) -> list[str]:

@@ -102,7 +102,7 @@ def test_a_stream_one_batch_short_names_the_short_rank_not_the_one_behind_in_tim
     error = describe_divergence(points)
     assert isinstance(error, errors.UnevenBatchesError)
     assert first_line(error).startswith(
-        "Uneven data in epoch 0: the train dataloader ran out after 4 batch(es) on rank 3 but after 5 on ranks 0, 2."
+        "Uneven data in epoch 0: the train dataloader ran out after 4 batch(es) on rank 3 but after 5 on ranks 0 and 2."
     )
 
 

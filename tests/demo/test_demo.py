@@ -62,4 +62,4 @@ def test_demo_runs_every_policy_and_prints_the_table(tmp_path: Path) -> None:
     for error in ("UnevenBatchesError", "DivergentLoggingError"):
         assert [f"rank {rank}: {error}" in pitfalls for rank in range(2)] == [True, True], pitfalls
     assert pitfalls.count("the same on every rank") == 2, pitfalls
-    assert "has 4 batches on rank 0, 6 on rank 1" in pitfalls and "pitfall_model.py:" in pitfalls, pitfalls
+    assert "has 4 batches on rank 0 but 6 on rank 1" in pitfalls and "pitfall_model.py:" in pitfalls, pitfalls

@@ -105,7 +105,7 @@ def test_read_less_metrics_ranks_and_a_step_range(tmp_path, engine):
         ({"metrics": ["nope"]}, ValueError, "Unknown metric(s) 'nope'; the metrics are: 'loss', 'val_loss', 'z_extra'"),
         ({"ranks": [0, -1]}, TypeError, "ranks must be whole numbers >= 0, got -1"),
         ({"ranks": [True]}, TypeError, "ranks must be whole numbers >= 0, got True"),
-        ({"ranks": [2, 40, 41, 43]}, FileNotFoundError, "No file for rank(s) 40-41, 43 under {log_dir} (the ranks"),
+        ({"ranks": [2, 40, 41, 43]}, FileNotFoundError, "No file for ranks 40, 41 and 43 under {log_dir} (the ranks"),
         ({"min_step": 5, "max_step": 4}, ValueError, "min_step (5) is greater than max_step (4)"),
         ({"min_step": 1.5}, TypeError, "min_step must be an int or None, got float 1.5"),
         ({"engine": "polars"}, ValueError, "engine must be one of 'pyarrow', 'pandas' or None, got 'polars'"),
@@ -196,10 +196,10 @@ def test_files_moved_aside_alike_on_every_rank_are_one_run(tmp_path):
 def test_a_file_with_no_metric_in_common_or_another_first_step_is_refused(tmp_path):
     many_ranks(tmp_path, ranks=4)
     other = rank_file(tmp_path, 2, ["acc", "step"], [[0.5, 0]])
-    with pytest.raises(MixedRunsError, match=re.escape(f"{other} share no metric with rank(s) 0-1, 3 (theirs: ")):
+    with pytest.raises(MixedRunsError, match=re.escape(f"{other} share no metric with ranks 0, 1 and 3 (theirs: ")):
         read_rank_metrics(tmp_path)
     later = rank_file(tmp_path, 2, ["loss", "step"], [[0.5, 5000], [0.4, 5001]])
-    expected = f"{later} at step 5000 start(s) at another step than rank(s) 0-1, 3 (step 0)"
+    expected = f"{later} at step 5000 start(s) at another step than ranks 0, 1 and 3 (step 0)"
     with pytest.raises(MixedRunsError, match=re.escape(expected)):
         read_rank_metrics(tmp_path)
     assert read_rank_metrics(tmp_path, allow_mixed=True)["rank"].tolist().count(2) == 2
