@@ -49,7 +49,12 @@ def test_text_summary_at_scale(log_dir, capsys):
     out, err = capsys.readouterr()
     lines = out.splitlines()
     assert err == "" and lines[0] == f"{log_dir}: {RANKS} rank(s), {RANKS * STEPS} row(s), 2 metric(s)"
-    assert lines[1].startswith("each rank's last value; robust z = 0.6745 (value - median) / MAD")
+    stated = (  # what the robust z is, as computed below and in docs/per-rank-metrics.md's prose
+        "each rank's last value; robust z = 0.6745 (value - median) / MAD, MAD the median of |value - median|; when MAD"
+        " is 0, 0.7979 (value - median) / mean(|value - median|); * marks |z| > 3.5"
+    )
+    assert lines[1] == stated
+    assert stated in (Path(__file__).parents[2] / "docs" / "per-rank-metrics.md").read_text()  # shown as printed
     assert lines[2].split() == ["metric", "ranks", "min", "median", "max", "spread", "MAD", "z", "scale"]
     values = last_losses()
     median = np.median(values)
