@@ -8,7 +8,7 @@ from datetime import timedelta
 
 from lightning_ext._rank_lists import ranks_text
 from lightning_ext._stall.rank_report import RankReport
-from lightning_ext._watch.rank_text import call_text, doing, group_text
+from lightning_ext._watch.rank_text import call_text, doing, wait_text
 
 __all__ = ["Thresholds", "is_stalled", "report_text", "summarize", "thresholds", "waits"]
 
@@ -198,7 +198,7 @@ def _section(report: RankReport, everyone: Sequence[RankReport]) -> list[str]:
     if report.last_call is not None:
         call = report.last_call
         done = "pending" if facts.inside is not None and facts.inside.index == call.index else "completed"
-        lines.append(f"  last collective entered: {call.name} #{call.index} on {call.group}, from {call.site} ({done})")
+        lines.append(f"  last collective entered: {call_text(call)} ({done})")
     lines.append(f"  last logged: {', '.join(report.logged) or 'nothing this loop'}")
     if report.workers:
         lines.append(f"  dataloader workers: {'; '.join(report.workers)}")
@@ -231,12 +231,7 @@ def _wait_text(report: RankReport) -> str:
     facts = report.facts
     if facts is None or report.waiting is None:
         return "nothing"
-    kind = report.waiting[0]
-    if kind == "collective" and facts.inside is not None:
-        return f"{facts.inside.name} (its call #{facts.inside.index} on {group_text(facts.inside.group)})"
-    if kind == "check" and facts.check is not None:
-        return f"lightning-ext's check before {facts.check[1]}"
-    return f"DDP's gradient all-reduce (synced backward pass #{facts.backward})"
+    return wait_text(report.waiting[0], facts)
 
 
 def _call_text(report: RankReport) -> str:

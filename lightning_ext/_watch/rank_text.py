@@ -11,12 +11,13 @@ from lightning_ext._watch.rank_facts import WORLD, Call, Facts
 __all__ = [
     "DETAIL_GROUPS",
     "FIRST_LINE",
+    "backward_text",
     "call_text",
     "doing",
-    "group_text",
     "grouped_lines",
     "short_site",
     "shortened",
+    "wait_text",
 ]
 
 FIRST_LINE = 200  # characters: a first line stays under this at any world size
@@ -54,14 +55,30 @@ def shortened(text: str, longest: int) -> str:
     return text if len(text) <= longest else text[: longest - 3] + "..."
 
 
-def group_text(name: str) -> str:
+def _group_text(name: str) -> str:
     """``the default group`` or ``process group 'tp'``: a counted call's process group, for people."""
     return "the default group" if name == WORLD else f"process group {name!r}"
 
 
 def call_text(call: Call) -> str:
     """``torch.distributed.all_reduce called from train.py:42 in training_step (its call #3 on the default group)``."""
-    return f"{call.name} called from {call.site} (its call #{call.index} on {group_text(call.group)})"
+    return f"{call.name} called from {call.site} (its call #{call.index} on {_group_text(call.group)})"
+
+
+def backward_text(number: int | None) -> str:
+    """``DDP's gradient all-reduce (synced backward pass #4)``: where a rank in a synced backward pass waits."""
+    return f"DDP's gradient all-reduce (synced backward pass #{number})"
+
+
+def wait_text(kind: str, facts: Facts) -> str:
+    """What a rank waits in, for people (the checks' messages and the stall report word it alike): ``kind`` is
+    ``"collective"`` (the counted call it is inside: :func:`call_text`), ``"check"`` (a lightning-ext check) or
+    ``"backward"`` (:func:`backward_text`)."""
+    if kind == "collective" and facts.inside is not None:
+        return call_text(facts.inside)
+    if kind == "check" and facts.check is not None:
+        return f"lightning-ext's check before {facts.check[1]}"
+    return backward_text(facts.backward)
 
 
 def doing(facts: Facts | None, hook: str | None = None, stack: str = "", workers: Sequence[str] = ()) -> str:
@@ -76,8 +93,7 @@ def doing(facts: Facts | None, hook: str | None = None, stack: str = "", workers
     if facts is not None and facts.inside is not None:
         return f"blocked in {call_text(facts.inside)}{during}"
     if facts is not None and facts.backward is not None:
-        pass_ = f"in its synced backward pass #{facts.backward} (DDP all-reduces the gradients in it)"
-        return f"{pass_}{in_hook}{at}{during}"
+        return f"in {backward_text(facts.backward)}{in_hook}{at}{during}"
     if "torch/utils/data/dataloader.py" in stack and "_get_data" in stack:
         listed = f" ({'; '.join(workers)})" if workers else ""
         return f"waiting for a batch from its DataLoader worker process(es){listed}{during}"

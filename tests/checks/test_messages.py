@@ -222,7 +222,7 @@ def test_a_log_in_training_step_on_rank_zero_at_1024_ranks() -> None:
         "self.log('val_acc', sync_dist=True) in training_step (train.py:30) synced on rank 0 only; ranks 1-1023 went"
         " on. Fix: log it on every rank, or with rank_zero_only=True."
     )
-    assert lines(error)[2] == "  ranks 1-1023: in its synced backward pass #5 (DDP all-reduces the gradients in it)"
+    assert lines(error)[2] == "  ranks 1-1023: in DDP's gradient all-reduce (synced backward pass #5)"
 
 
 # ---- uneven data -----------------------------------------------------------------------------------------------------
