@@ -77,9 +77,7 @@ class HangGuard:
         self.lockstep: Lockstep | None = None
         self.monitor: stall.StallMonitor | None = None
 
-    def start(
-        self, rank: int, world_size: int, namespace: str, trainer: Any, peers: list[tuple[int, str, str | None]]
-    ) -> None:
+    def start(self, rank: int, world_size: int, namespace: str, trainer: Any, peers: list[stall.Introduction]) -> None:
         """Start the checks and the stall monitor, where on (every rank, at set-up, after the process group exists).
 
         ``peers``: every rank's :func:`stall.introduction`, exchanged at set-up.

@@ -11,7 +11,7 @@ import posixpath
 import struct
 import warnings
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from lightning.fabric.loggers.tensorboard import _TENSORBOARD_AVAILABLE
 from lightning.pytorch.loggers import TensorBoardLogger
@@ -87,7 +87,7 @@ class RankEventFiles:
         self._telemetry = telemetry
         self._writer: Any = None
         self._file_writer: Any = None
-        self._classes: tuple[Any, Any, Any] = (None, None, None)  # the writer's, its Event's and its Summary's
+        self._classes: _WriterClasses | None = None
         self.stopped = self.directory in _STOPPED_HERE
         if not self.stopped:
             try:
@@ -134,25 +134,24 @@ class RankEventFiles:
         return self._prefix + name
 
     def _write(self, values: Any, step: int, resumed_from: int | None) -> None:
-        if self.stopped:
+        classes = self._classes
+        if self.stopped or classes is None:  # no classes: stopped at set-up
             return
         doing = "opening the event file"
         try:
             if self._file_writer is None:
-                self._open(resumed_from)
+                self._open(resumed_from, classes)
             doing = "writing a row"
-            summary = self._classes[2]
-            scalars = [summary.Value(tag=tag, simple_value=float(value)) for tag, value in values]
+            scalars = [classes.summary.Value(tag=tag, simple_value=float(value)) for tag, value in values]
             if scalars:
-                self._file_writer.add_summary(summary(value=scalars), step)
+                self._file_writer.add_summary(classes.summary(value=scalars), step)
         except Exception as error:
             self._stop(error, doing)
 
-    def _open(self, resumed_from: int | None) -> None:
-        writer_class, event_class, _ = self._classes
+    def _open(self, resumed_from: int | None, classes: "_WriterClasses") -> None:
         if resumed_from is not None:
-            self._drop_events_after(resumed_from, event_class)
-        self._writer = writer_class(log_dir=self.directory, **self._writer_options)
+            self._drop_events_after(resumed_from, classes.event)
+        self._writer = classes.writer(log_dir=self.directory, **self._writer_options)
         self._file_writer = self._writer._get_file_writer()  # as Lightning's log_hyperparams reaches it
 
     def _drop_events_after(self, step: int, event_class: Any) -> None:
@@ -182,10 +181,18 @@ class RankEventFiles:
         )
 
 
-def _writer_classes() -> tuple[Any, Any, Any]:
+class _WriterClasses(NamedTuple):
+    """TensorBoard's classes, imported at set-up (not in the first training step)."""
+
+    writer: Any  # the SummaryWriter class that TensorBoardLogger uses
+    event: Any  # its package's Event, to read back the events of a resumed run
+    summary: Any  # its package's Summary, one per written row
+
+
+def _writer_classes() -> _WriterClasses:
     """The ``SummaryWriter`` class that ``TensorBoardLogger`` uses, and its package's ``Event`` and ``Summary``."""
     writer, protos = _WRITERS[bool(_TENSORBOARD_AVAILABLE)]
-    return (
+    return _WriterClasses(
         importlib.import_module(writer).SummaryWriter,
         importlib.import_module(f"{protos}.event_pb2").Event,
         importlib.import_module(f"{protos}.summary_pb2").Summary,

@@ -11,7 +11,7 @@ import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from lightning_ext import _collective
 from lightning_ext._stall.causes import Thresholds, is_stalled, report_text, summarize, thresholds
@@ -26,7 +26,7 @@ from lightning_ext._watch.facts import Recorder
 from lightning_ext._watch.watchdog import ANSWER_TIMEOUT, ErrorRecord, Watchdog, ask
 from lightning_ext.errors import is_joint
 
-__all__ = ["OnStall", "StallMonitor", "StallOptions", "introduction", "start"]
+__all__ = ["Introduction", "OnStall", "StallMonitor", "StallOptions", "introduction", "start"]
 
 OnStall = Literal["error", "report"]
 REPORT_NAME = "stall_report.txt"
@@ -62,9 +62,17 @@ class StallOptions:
             raise ValueError(f"on_stall must be 'error' or 'report', got {self.on_stall!r}")
 
 
-def introduction(log_dir: str | None) -> tuple[int, str, str | None]:
-    """What this rank tells the others at set-up: its pid and host (to tell whether it lives), and the log dir."""
-    return os.getpid(), socket.gethostname(), log_dir
+class Introduction(NamedTuple):
+    """What a rank tells the others at set-up: its pid and host (to tell whether it lives), and the log dir."""
+
+    pid: int
+    host: str
+    log_dir: str | None  # rank 0's is where the report goes
+
+
+def introduction(log_dir: str | None) -> Introduction:
+    """This rank's :class:`Introduction`."""
+    return Introduction(os.getpid(), socket.gethostname(), log_dir)
 
 
 def start(
@@ -72,15 +80,15 @@ def start(
     recorder: Recorder,
     watchdog: Watchdog,
     namespace: str,
-    peers: list[tuple[int, str, str | None]],
+    peers: list[Introduction],
     flush: Callable[[], None],
 ) -> "StallMonitor | None":
     """This rank's monitor, or ``None`` when the stall report is off (``peers``: every rank's :func:`introduction`)."""
     if options.stall_timeout is None or not peers:
         return None
     limits = thresholds(options.stall_timeout, _collective.training_timeout())
-    processes = [(pid, host) for pid, host, _ in peers]
-    monitor = StallMonitor(recorder, watchdog, limits, options.on_stall, namespace, peers[0][2], processes, flush)
+    processes = [(peer.pid, peer.host) for peer in peers]
+    monitor = StallMonitor(recorder, watchdog, limits, options.on_stall, namespace, peers[0].log_dir, processes, flush)
     checkpoint_work(recorder.trainer, recorder)
     defer_child_observer()
     return monitor

@@ -11,7 +11,7 @@ from lightning_ext._checks.messages import first_line
 from lightning_ext._collective import RankGroup, all_gather_objects
 from lightning_ext._rank_lists import ranks_text
 from lightning_ext._setup import checks as setup_checks
-from lightning_ext._stall.monitor import introduction
+from lightning_ext._stall.monitor import Introduction, introduction
 from lightning_ext._watch.rank_text import shortened
 from lightning_ext.errors import PolicyMismatchError, mark_joint
 from lightning_ext.policies import DecisionPolicy
@@ -26,7 +26,7 @@ class Agreement:
     namespace: str  # the run's namespace in the store
     log_dir: str | None  # where the per-rank files go, if they are on
     record_dir: str | None  # where the decision record goes, if it is on and there is a logger
-    peers: list[Any]  # every rank's introduction to the stall monitor (pid, host; rank 0's: the report's directory)
+    peers: list[Introduction]  # every rank's introduction to the stall monitor
 
 
 def agree(
