@@ -2,7 +2,7 @@
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -168,7 +168,7 @@ class _Reader:
         self._expected_bytes = expected_bytes
         self.columns = Columns()
         self.headers: dict[int, list[list[str]]] = {}  # rank -> the header of each file or part read
-        self.steps: dict[int, list[tuple[int, int, int]]] = {}  # rank -> (rows, first step, last step) of each
+        self.steps: dict[int, list[_Steps]] = {}  # rank -> the steps of each file or part read
 
     def add(self, rank: int, where: str, data: bytes) -> None:
         """Read one file (or part) of ``rank``, after the ones before it."""
@@ -220,7 +220,7 @@ class _Reader:
         steps = [piece.astype(np.int64, copy=False) for piece in values[STEP] if len(piece)]
         if steps:
             count = sum(len(piece) for piece in steps)
-            self.steps.setdefault(rank, []).append((count, int(steps[0][0]), int(steps[-1][-1])))
+            self.steps.setdefault(rank, []).append(_Steps(count, int(steps[0][0]), int(steps[-1][-1])))
         values[STEP] = steps
         low, high = self._request.min_step, self._request.max_step
         if low is not None or high is not None:
@@ -246,13 +246,21 @@ def _check_whole(split: SplitFile, columns: Sequence[str], values: list[list[NDA
             line += len(piece)
 
 
-def _info(file: str, headers: list[list[str]] | None, steps: list[tuple[int, int, int]]) -> RankInfo:
+class _Steps(NamedTuple):
+    """The steps of one file or part read: how many rows, the first and the last step."""
+
+    rows: int
+    first: int
+    last: int
+
+
+def _info(file: str, headers: list[list[str]] | None, steps: list[_Steps]) -> RankInfo:
     names = {name for header in headers or [] for name in header if name not in (STEP, EPOCH)}
     return RankInfo(
         file=file,
-        rows=sum(rows for rows, _, _ in steps),
-        first_step=steps[0][1] if steps else None,
-        last_step=steps[-1][2] if steps else None,
+        rows=sum(part.rows for part in steps),
+        first_step=steps[0].first if steps else None,
+        last_step=steps[-1].last if steps else None,
         metrics=frozenset(names),
         has_header=bool(headers),
     )

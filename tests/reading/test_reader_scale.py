@@ -279,3 +279,33 @@ def test_a_bare_carriage_return_in_a_cell_is_refused_by_the_fast_path_as_by_the_
     layout = _fast_csv.split_file(b"a,b,step\r\n\r,,0\r\n", "f.csv")
     with pytest.raises(RankMetricsError, match=r"^f\.csv, line 2: expected 3 fields, saw 0$"):
         _fast_csv.parse(layout, ["step", "a", "b"], engine)
+
+
+@pytest.mark.parametrize("engine", ["pyarrow", "pandas"] if HAS_PYARROW else ["pandas"])
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"1,2,0\r3,4,1\r\n",  # a bare carriage return between two rows that each have every field: two lines
+        b"1,2,0\r\n3,4,1\r\r\n",  # one before a line end: a blank line after it
+        b"1,2,0\n\r3,4,1\r\n",  # one after a bare line feed: a blank line
+        b"1,2,0\r\n\r\n3,4,2\r\n",  # a blank line: a row of missing cells to pyarrow
+    ],
+    ids=["between_rows", "before_line_end", "after_line_feed", "blank_line"],
+)
+def test_lines_the_engines_split_otherwise_than_the_checks_read_as_the_checks_read_them(
+    tmp_path: Path, engine: str, body: bytes
+) -> None:
+    """The fast path counts an engine's rows against the line feeds (no other pass over the bytes): where a carriage
+    return or a blank line makes them differ, the row-by-row checks decide, and the reader returns or raises what
+    they do."""
+    put(tmp_path, "rank_0/metrics.csv", (b"a,b,step\r\n" + body).decode())
+    layout = _fast_csv.split_file(b"a,b,step\r\n" + body, str(tmp_path / "rank_0" / "metrics.csv"))
+    try:
+        exact = _fast_csv.parse_exact(layout, ["step", "a", "b"])
+    except RankMetricsError as error:
+        with pytest.raises(RankMetricsError) as raised:
+            read_rank_metrics(tmp_path, engine=engine)
+        assert str(raised.value) == str(error)
+        return
+    table = read_rank_metrics(tmp_path, engine=engine)
+    assert [table[name].tolist() for name in ("step", "a", "b")] == [array.tolist() for array in exact]
