@@ -63,6 +63,33 @@ def test_each_longer_module_needs_its_room_and_the_page_states_its_limit() -> No
         assert f"`{module}` up to {limit} lines" in page, f"docs/architecture.md does not state {module}'s limit"
 
 
+BROAD_HANDLERS = 15  # at most, in the whole package (Lightning has 9 in 28,000 lines)
+_BROAD = re.compile(r"except Exception\b|suppress\(Exception\)")
+
+
+def test_broad_exception_handlers_are_few_and_each_says_what_it_guards_and_why_nothing_narrower() -> None:
+    """``except Exception`` and ``contextlib.suppress(Exception)``: each one's comment (on its line, or the comment
+    lines just above or below it) names what it guards and why nothing narrower will do."""
+    found, silent = [], []
+    for module in MODULES:
+        lines = (PACKAGE / module).read_text(encoding="utf-8").splitlines()
+        for number, line in enumerate(lines):
+            if not _BROAD.search(line.split("#", 1)[0]):
+                continue
+            found.append(f"{module}:{number + 1}")
+            around = [line.split("#", 1)[1] if "#" in line else ""]
+            for step in (-1, 1):
+                at = number + step
+                while 0 <= at < len(lines) and lines[at].lstrip().startswith("#"):
+                    around.append(lines[at].strip().lstrip("#"))
+                    at += step
+            comment = " ".join(" ".join(around).split()).lower()
+            if "guards" not in comment or "nothing narrower" not in comment:
+                silent.append(f"{module}:{number + 1}")
+    assert len(found) <= BROAD_HANDLERS, f"{len(found)} broad handlers (at most {BROAD_HANDLERS}): {found}"
+    assert not silent, f"broad handlers without a comment saying what they guard and why nothing narrower: {silent}"
+
+
 # ---- the rules the page states ------------------------------------------------------------------------------------
 def test_no_import_cycle_even_through_imports_made_for_type_checking() -> None:
     """import-linter leaves out the imports under ``if TYPE_CHECKING:``; a cycle through them is still a cycle."""

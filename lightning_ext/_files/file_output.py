@@ -4,7 +4,6 @@ The per-rank metrics files and the decision record share it: the storage behind 
 the files written and stopped here, the incomplete-marker's life, and the one warning on the first failure.
 """
 
-import contextlib
 import sys
 import warnings
 from collections.abc import Callable
@@ -19,7 +18,7 @@ from lightning_ext._files.markers import (
     write_marker,
 )
 from lightning_ext._files.parted_file import PartedFile
-from lightning_ext._files.storage import LocalFile, join, split_location, write_whole
+from lightning_ext._files.storage import LocalFile, guarded, join, split_location, write_whole
 
 __all__ = ["FileOutput", "storage_for"]
 
@@ -92,11 +91,11 @@ class FileOutput:
         incomplete with ``written()`` (rows, last step), and warn once. Called from the owner's ``_stop``."""
         self.stopped = True
         _STOPPED_HERE.add(self.path)
-        with contextlib.suppress(Exception):
+        with guarded():  # what can be kept is kept; the error to report is the one that stopped the file
             release()
         rows, last_step = written()
         reason = f"{type(error).__name__}: {error} (while {doing})"
-        try:
+        with guarded() as failure:
             marker = write_marker(
                 self.log_dir,
                 self.filename,
@@ -108,8 +107,8 @@ class FileOutput:
                 kind=self._marker_format,
             )
             recorded = f"is marked incomplete in {marker}"
-        except Exception as marker_error:
-            recorded = f"could not be marked incomplete either ({type(marker_error).__name__}: {marker_error})"
+        if failure.error is not None:
+            recorded = f"could not be marked incomplete either ({type(failure.error).__name__}: {failure.error})"
         warnings.warn(
             f"{self._owner} stopped: {reason}. {self.path} keeps the {rows} {self._unit} written so far and"
             f" {recorded}. {self._aftermath}",

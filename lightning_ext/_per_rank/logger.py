@@ -1,7 +1,6 @@
 """``RankCSVLogger``: the logger that writes each rank's local values to its own file; it never stops a run."""
 
 import atexit
-import contextlib
 from typing import Any
 
 from lightning.pytorch.loggers import Logger
@@ -10,6 +9,7 @@ from typing_extensions import override
 
 from lightning_ext._files.csv_format import TELEMETRY
 from lightning_ext._files.file_output import FileOutput
+from lightning_ext._files.storage import guarded
 from lightning_ext._per_rank import local_values
 from lightning_ext._per_rank.local_values import OMITTED, local_values_for
 from lightning_ext._per_rank.tensorboard_files import RankEventFiles
@@ -127,7 +127,7 @@ class RankCSVLogger(Logger):
         """Remember the local counterparts of the synced values the connector is about to log."""
         if self.stopped:
             return
-        try:
+        with guarded() as failure:
             error = local_values.capture_error()
             if error is not None:
                 self._stop(error, "capturing a local value")
@@ -142,9 +142,9 @@ class RankCSVLogger(Logger):
                 self._results = (state.fn, state.stage, results)
             on_step = trainer._logger_connector._first_loop_iter is not None  # as _LoggerConnector.metrics decides
             self._pending = local_values_for(results, on_step, metrics)
-        except Exception as error:
+        if failure.error is not None:
             self._pending = _NOTHING
-            self._stop(error, "computing a local value")
+            self._stop(failure.error, "computing a local value")
 
     @override
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
@@ -152,7 +152,7 @@ class RankCSVLogger(Logger):
             return
         pending, self._pending = self._pending, _NOTHING
         doing = "reading the local values"
-        try:
+        with guarded() as failure:
             row = metrics
             if pending:
                 row = dict(metrics)
@@ -173,22 +173,22 @@ class RankCSVLogger(Logger):
             self.rows_logged += 1
             if self.events is not None:
                 self.events.log_row(row, step, self.resume_from_step)
-        except Exception as error:
-            self._stop(error, doing)
+        if failure.error is not None:
+            self._stop(failure.error, doing)
 
     def log_telemetry(self, row: dict[str, float | int], step: int) -> None:
         """Write one row of per-rank telemetry (``telemetry/*`` columns); a failure stops this rank's output as
         any row's would."""
         if self.stopped:
             return
-        try:
+        with guarded() as failure:
             writer = self._writer if self._writer is not None else self.experiment
             writer.log_columns(row, step)
             self.rows_logged += 1
             if self.events is not None:
                 self.events.log_telemetry(row, step, self.resume_from_step)
-        except Exception as error:
-            self._stop(error, "writing a telemetry row")
+        if failure.error is not None:
+            self._stop(failure.error, "writing a telemetry row")
 
     @override
     def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
@@ -209,10 +209,10 @@ class RankCSVLogger(Logger):
             return
         if self.events is not None:
             self.events.flush()
-        try:
+        with guarded() as failure:
             writer.flush()
-        except Exception as error:
-            self._stop(error, "writing rows")
+        if failure.error is not None:
+            self._stop(failure.error, "writing rows")
 
     def close(self) -> None:
         """Flush, sync and close this rank's file (the strategy's teardown calls it at the end of every stage)."""
@@ -224,11 +224,11 @@ class RankCSVLogger(Logger):
             self.events.close()
         if writer is None or self.stopped:
             return
-        try:
+        with guarded() as failure:
             writer.close()
-        except Exception as error:
+        if failure.error is not None:
             _OPEN_WRITERS[self._path] = writer  # so that _stop reports its rows
-            self._stop(error, "closing the file")
+            self._stop(failure.error, "closing the file")
 
     def _stop(self, error: Exception, doing: str) -> None:
         """Stop this rank's output: keep what can be kept, mark the file incomplete, warn once."""
@@ -263,6 +263,6 @@ def loggers_for(trainer: Any, metrics: dict[str, Any]) -> list[Logger]:
 @atexit.register
 def _close_writers() -> None:
     for writer in _OPEN_WRITERS.values():
-        with contextlib.suppress(Exception):
+        with guarded():  # at exit: each file closed as far as it can be, none in the way of the others
             writer.close()
     _OPEN_WRITERS.clear()

@@ -5,7 +5,6 @@ rank's local values (its CSV file's rows), one event per row. A failure warns on
 (``docs/per-rank-metrics.md``, "TensorBoard").
 """
 
-import contextlib
 import importlib
 import posixpath
 import struct
@@ -17,7 +16,7 @@ from lightning.fabric.loggers.tensorboard import _TENSORBOARD_AVAILABLE
 from lightning.pytorch.loggers import TensorBoardLogger
 
 from lightning_ext._files.csv_format import ESCAPE, TELEMETRY
-from lightning_ext._files.storage import glob_escape, join, split_location, write_whole
+from lightning_ext._files.storage import glob_escape, guarded, join, split_location, write_whole
 from lightning_ext._per_rank.writer import PerRankMetrics
 from lightning_ext.errors import RankMetricsWarning
 
@@ -90,10 +89,10 @@ class RankEventFiles:
         self._classes: _WriterClasses | None = None
         self.stopped = self.directory in _STOPPED_HERE
         if not self.stopped:
-            try:
+            with guarded() as failure:
                 self._classes = _writer_classes()  # imported at set-up, not in the first training step
-            except Exception as error:
-                self._stop(error, "loading TensorBoard's writer")
+            if failure.error is not None:
+                self._stop(failure.error, "loading TensorBoard's writer")
 
     def log_row(self, row: Mapping[str, float], step: int, resumed_from: int | None) -> None:
         """Write one logged row (a per-rank CSV row) as one event at ``step``.
@@ -114,19 +113,19 @@ class RankEventFiles:
     def flush(self) -> None:
         """Wait until the events handed to the writer are in the file."""
         if self._file_writer is not None and not self.stopped:
-            try:
+            with guarded() as failure:
                 self._file_writer.flush()
-            except Exception as error:
-                self._stop(error, "writing events")
+            if failure.error is not None:
+                self._stop(failure.error, "writing events")
 
     def close(self) -> None:
         """Flush and close the event file (the end of each stage); a later row opens a new one."""
         writer, self._writer, self._file_writer = self._writer, None, None
         if writer is not None and not self.stopped:
-            try:
+            with guarded() as failure:
                 writer.close()
-            except Exception as error:
-                self._stop(error, "closing the event file")
+            if failure.error is not None:
+                self._stop(failure.error, "closing the event file")
 
     def _tag(self, name: str) -> str:
         if self._telemetry and name.startswith(TELEMETRY):
@@ -138,15 +137,15 @@ class RankEventFiles:
         if self.stopped or classes is None:  # no classes: stopped at set-up
             return
         doing = "opening the event file"
-        try:
+        with guarded() as failure:
             if self._file_writer is None:
                 self._open(resumed_from, classes)
             doing = "writing a row"
             scalars = [classes.summary.Value(tag=tag, simple_value=float(value)) for tag, value in values]
             if scalars:
                 self._file_writer.add_summary(classes.summary(value=scalars), step)
-        except Exception as error:
-            self._stop(error, doing)
+        if failure.error is not None:
+            self._stop(failure.error, doing)
 
     def _open(self, resumed_from: int | None, classes: "_WriterClasses") -> None:
         if resumed_from is not None:
@@ -170,7 +169,7 @@ class RankEventFiles:
         _STOPPED_HERE.add(self.directory)
         writer, self._writer, self._file_writer = self._writer, None, None
         if writer is not None:
-            with contextlib.suppress(Exception):  # the writer's thread may have failed; what it wrote stays
+            with guarded():  # the writer's thread may have failed; what it wrote stays
                 writer.close()
         warnings.warn(
             f"Per-rank TensorBoard events of rank {self._rank} stopped: {type(error).__name__}: {error} (while"
@@ -211,6 +210,8 @@ def events_up_to(data: bytes, step: int, event_class: Any) -> bytes | None:
         event_class: the ``Event`` protobuf class of the writer's package.
 
     """
+    # protobuf's (both TensorBoard writers' events are protobuf messages), imported with the writer's classes
+    decode_error = importlib.import_module("google.protobuf.message").DecodeError
     kept, position, dropped = [], 0, False
     while position + _HEADER.size <= len(data):
         length = _HEADER.unpack_from(data, position)[0]
@@ -219,7 +220,7 @@ def events_up_to(data: bytes, step: int, event_class: Any) -> bytes | None:
             break
         try:
             event = event_class.FromString(data[start : start + length])
-        except Exception:  # whatever the protobuf runtime raises: the rest cannot be trusted
+        except decode_error:  # a record that does not parse: the rest cannot be trusted
             break
         if event.step <= step:
             kept.append(data[position:end])

@@ -17,6 +17,7 @@ from lightning.fabric.plugins.environments.slurm import SLURMEnvironment
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from lightning_ext._collective import STORE_ERRORS
 from lightning_ext._preemption import checkpoint as stop_checkpoint
 from lightning_ext._rank_lists import ranks_text
 from lightning_ext._watch.facts import SignalConsumer
@@ -151,7 +152,7 @@ class StopController:
             return None
         try:
             self.watchdog.notify(0, _MAIL, sender=str(self.rank), signal=str(number))
-        except Exception:  # the store is gone (rank 0's process ended): nothing to coordinate with
+        except STORE_ERRORS:  # the store is gone (rank 0's process ended): nothing to coordinate with
             return None
         self.watchdog.recorder.signal = None  # a stop request: no later error on this rank may name it as the cause
         return _other_handlers
@@ -170,7 +171,8 @@ class StopController:
         counted = f"preemption_policy {self.policy!r}: {tally.yes} of {tally.world_size} ranks signalled"
         try:
             stop = self.policy.decide(tally)
-        except Exception as error:  # a user's policy that fails must not end the watchdog thread
+        except Exception as error:  # guards a user's policy (VotePolicy.decide: any code). Nothing narrower: whatever
+            # it raises, the watchdog thread goes on, and training with it, with a warning naming the error
             warnings.warn(f"lightning-ext: {counted}: the policy raised {error!r}; training goes on", stacklevel=1)
             return
         if not stop:
@@ -257,7 +259,7 @@ class StopController:
         """
         try:
             parent = int(self.watchdog.store.get("stop/parent"))  # type: ignore[attr-defined]
-        except Exception:
+        except STORE_ERRORS:  # the store is gone, or rank 0 never wrote its pid: no parent to outlive
             return
         if parent == os.getppid():
             atexit.register(_wait_while_parent, parent, _PARENT_WAIT)

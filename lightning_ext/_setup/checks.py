@@ -184,7 +184,7 @@ def _pytorch_error(finding: Finding) -> str:
 def _stage(trainer: Any) -> tuple[str, Any]:
     """The dataloaders' prefix (``train``, ``val``, ``test``, ``predict``) and the loop that holds their source."""
     stage = getattr(getattr(getattr(trainer, "state", None), "stage", None), "value", "")
-    with contextlib.suppress(Exception):
+    with contextlib.suppress(AttributeError):  # a trainer without those loops: no source to look at
         if stage == "train":
             return "train", trainer.fit_loop
         if stage == "predict":

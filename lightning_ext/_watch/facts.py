@@ -207,7 +207,9 @@ class Recorder:
         try:
             spans = dist.get_world_size(group) == self.world_size
             key = str(getattr(group, "group_name", id(group))) if spans else None
-        except Exception:  # not a group this rank belongs to
+        except Exception:  # guards the user's own collective call, which this wrapper is about to make. Nothing
+            # narrower: whatever torch says of a group object it does not know (or that this rank is not in), the call
+            # itself must go on and report it; the group is then not counted
             key = None
         if key is not None:
             self._groups[id(group)] = (group, key)

@@ -59,7 +59,7 @@ def agree(
     everyone = all_gather_objects(mine, ranks)
     try:
         _validate(everyone)
-    except Exception as error:  # every rank saw the same data, so every rank raises this
+    except (ValueError, PolicyMismatchError) as error:  # every rank saw the same data, so every rank raises this
         raise mark_joint(error) from None
     warning = setup_checks.init_module_warning([theirs["init_module"] for theirs in everyone])
     if warning is not None:
