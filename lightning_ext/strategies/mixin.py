@@ -22,8 +22,8 @@ from lightning_ext._packages.choice import (
     strategy_for_other_package,
 )
 from lightning_ext._per_rank import local_values
-from lightning_ext._per_rank.logger import RankCSVLogger, loggers_for
-from lightning_ext._per_rank.tensorboard_files import event_files_for
+from lightning_ext._per_rank.logger import RankMetricsLogger, loggers_for
+from lightning_ext._per_rank.sinks import sinks_for
 from lightning_ext._preemption.stop import resolve_preemption_policy
 from lightning_ext._setup import checks as setup_checks
 from lightning_ext._stall.monitor import StallOptions
@@ -133,7 +133,7 @@ class PolicyStrategyMixin(_Strategy):
             preemption_policy=preemption,
         )
         self._run_log_dir: str | None = None
-        self.rank_metrics_logger: RankCSVLogger | None = None
+        self.rank_metrics_logger: RankMetricsLogger | None = None
         self._telemetry: Telemetry | None = None
         self._step_timer: step_timer.StepTimer | None = None  # times the phases below while telemetry is on
         self._gradient_wait: step_timer.GradientWait | None = None  # and the wait at the end of each backward pass
@@ -232,8 +232,8 @@ class PolicyStrategyMixin(_Strategy):
         self._hang_guard.watch_backward_passes(self)
         if self._per_rank_metrics is None or self._run_log_dir is None:
             return
-        events = event_files_for(trainer, self._run_log_dir, self._rank(), self._per_rank_metrics)
-        self.rank_metrics_logger = RankCSVLogger(self._run_log_dir, self._rank(), self._per_rank_metrics, events)
+        sinks = sinks_for(trainer, self._rank(), self._per_rank_metrics, self._main_runs)
+        self.rank_metrics_logger = RankMetricsLogger(self._run_log_dir, self._rank(), self._per_rank_metrics, sinks)
         local_values.start_capture(self._rank())
         if trainer.loggers:  # a member for the run, so it also gets what callbacks send to every logger
             trainer.loggers = [*trainer.loggers, self.rank_metrics_logger]
@@ -391,7 +391,7 @@ class PolicyStrategyMixin(_Strategy):
         trainer, ranks = self._trainer(), RankGroup.from_strategy(self)
         options = self._options.described()
         agreed = agree(trainer, ranks, options, invalid, self._per_rank_metrics is not None, self._decision_record)
-        self._run_log_dir = agreed.log_dir
+        self._run_log_dir, self._main_runs = agreed.log_dir, agreed.runs  # main runs: MLflow's, W&B's (rank 0's)
         if ranks.rank == 0 and agreed.record_dir is not None:  # the run's id: its namespace's
             self.decision_file = DecisionFile(agreed.record_dir, agreed.namespace.split("/")[1][:12])
         return agreed.namespace, agreed.peers
