@@ -16,6 +16,7 @@ from lightning_ext._checks.lockstep import Lockstep, record_of
 from lightning_ext._checks.messages import signalled_message
 from lightning_ext._checks.points import Point, collective_point
 from lightning_ext._exchange_rounds import Carried
+from lightning_ext._files.storage import guarded
 from lightning_ext._preemption.stop import StopController
 from lightning_ext._stall import monitor as stall
 from lightning_ext._watch.facts import Recorder, SignalConsumer
@@ -77,9 +78,7 @@ class HangGuard:
         self.lockstep: Lockstep | None = None
         self.monitor: stall.StallMonitor | None = None
 
-    def start(
-        self, rank: int, world_size: int, namespace: str, trainer: Any, peers: list[tuple[int, str, str | None]]
-    ) -> None:
+    def start(self, rank: int, world_size: int, namespace: str, trainer: Any, peers: list[stall.Introduction]) -> None:
         """Start the checks and the stall monitor, where on (every rank, at set-up, after the process group exists).
 
         ``peers``: every rank's :func:`stall.introduction`, exchanged at set-up.
@@ -125,8 +124,7 @@ class HangGuard:
             logs.stop()
             loaders.stop()
         recorder.uninstall()
-        with contextlib.suppress(Exception):
-            watchdog.stop()
+        watchdog.stop()  # a store already gone is its own concern (it stops its thread without one)
         if lockstep is not None:
             lockstep.close()
         # once no thread of this run can use them, the store connections serve the next run in this process
@@ -257,5 +255,5 @@ class HangGuard:
             self.monitor.on_error()
 
     def _safe_flush(self) -> None:
-        with contextlib.suppress(Exception):  # a diagnostic must never stand in the way of the real error
+        with guarded():  # a diagnostic must never stand in the way of the real error
             self._flush()

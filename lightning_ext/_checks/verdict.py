@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from lightning_ext._watch.facts import Facts
+from lightning_ext._watch.rank_facts import Facts
 
 __all__ = ["blocked_by", "deadlock", "diagnosed"]
 

@@ -17,7 +17,9 @@ from lightning.fabric.plugins.environments.slurm import SLURMEnvironment
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from lightning_ext._collective import STORE_ERRORS
 from lightning_ext._preemption import checkpoint as stop_checkpoint
+from lightning_ext._rank_lists import ranks_text
 from lightning_ext._watch.facts import SignalConsumer
 from lightning_ext._watch.watchdog import Watchdog, raise_record
 from lightning_ext.errors import mark_joint
@@ -150,7 +152,7 @@ class StopController:
             return None
         try:
             self.watchdog.notify(0, _MAIL, sender=str(self.rank), signal=str(number))
-        except Exception:  # the store is gone (rank 0's process ended): nothing to coordinate with
+        except STORE_ERRORS:  # the store is gone (rank 0's process ended): nothing to coordinate with
             return None
         self.watchdog.recorder.signal = None  # a stop request: no later error on this rank may name it as the cause
         return _other_handlers
@@ -169,7 +171,8 @@ class StopController:
         counted = f"preemption_policy {self.policy!r}: {tally.yes} of {tally.world_size} ranks signalled"
         try:
             stop = self.policy.decide(tally)
-        except Exception as error:  # a user's policy that fails must not end the watchdog thread
+        except Exception as error:  # guards a user's policy (VotePolicy.decide: any code). Nothing narrower: whatever
+            # it raises, the watchdog thread goes on, and training with it, with a warning naming the error
             warnings.warn(f"lightning-ext: {counted}: the policy raised {error!r}; training goes on", stacklevel=1)
             return
         if not stop:
@@ -182,7 +185,8 @@ class StopController:
         silent = sorted(set(range(self.world_size)) - set(positions))
         if silent:  # a rank that cannot say where it is could be past any batch picked: no stop is safe
             warnings.warn(
-                f"lightning-ext: {who}; {counted}, but rank(s) {silent} did not say where they are: training goes on",
+                f"lightning-ext: {who}; {counted}, but {ranks_text(silent, None)} did not say where they are:"
+                " training goes on",
                 stacklevel=1,
             )
             self.watchdog.tell_everyone(_AGREED, before="-1", signal="0")
@@ -255,7 +259,7 @@ class StopController:
         """
         try:
             parent = int(self.watchdog.store.get("stop/parent"))  # type: ignore[attr-defined]
-        except Exception:
+        except STORE_ERRORS:  # the store is gone, or rank 0 never wrote its pid: no parent to outlive
             return
         if parent == os.getppid():
             atexit.register(_wait_while_parent, parent, _PARENT_WAIT)

@@ -1,5 +1,6 @@
 """``PolicyStrategyMixin``: the policies, per-rank metrics and hang checks for any Lightning ``ParallelStrategy``."""
 
+import dataclasses
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -123,6 +124,14 @@ class PolicyStrategyMixin(_Strategy):
         if not isinstance(per_rank_metrics, (bool, PerRankMetrics)):
             raise TypeError(f"per_rank_metrics must be a bool or PerRankMetrics, got {type(per_rank_metrics).__name__}")
         self._per_rank_metrics = PerRankMetrics() if per_rank_metrics is True else (per_rank_metrics or None)
+        # the options as set-up's exchange compares them across ranks (policies resolved: "all" is AllRanks())
+        self._options = dataclasses.replace(
+            options,
+            checkpoint_policy=self._checkpoint_policy,
+            early_stopping_policy=self._early_stopping_policy,
+            per_rank_metrics=self._per_rank_metrics or False,
+            preemption_policy=preemption,
+        )
         self._run_log_dir: str | None = None
         self.rank_metrics_logger: RankMetricsLogger | None = None
         self._telemetry: Telemetry | None = None
@@ -377,19 +386,10 @@ class PolicyStrategyMixin(_Strategy):
         """Set-up's one exchange (see :func:`~lightning_ext.strategies._set_up.agree`); returns the store namespace
         and every rank's introduction to the stall monitor."""
         guard = self._hang_guard
-        options = (
-            self._checkpoint_policy.describe(),
-            self._early_stopping_policy.describe(),
-            repr(self._per_rank_metrics),
-            repr((guard.mode, guard.uneven_batches, guard.check_unsized_loaders)),
-            repr(self._decision_record),
-            repr(guard.preemption_policy),
-            repr(guard.stall_options),
-            repr(self._log_sync),
-        )
         policies = (self._checkpoint_policy, self._early_stopping_policy, guard.preemption_policy)
         invalid = invalid_policies(*policies, world_size=self.world_size)
         trainer, ranks = self._trainer(), RankGroup.from_strategy(self)
+        options = self._options.described()
         agreed = agree(trainer, ranks, options, invalid, self._per_rank_metrics is not None, self._decision_record)
         self._run_log_dir, self._main_runs = agreed.log_dir, agreed.runs  # main runs: MLflow's, W&B's (rank 0's)
         if ranks.rank == 0 and agreed.record_dir is not None:  # the run's id: its namespace's

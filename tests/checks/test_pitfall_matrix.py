@@ -79,7 +79,7 @@ def _line(marker: str) -> int:
 
 
 def _others(world: int) -> str:
-    return "rank 1" if world == 2 else f"ranks 1-{world - 1}"
+    return {2: "rank 1", 3: "ranks 1 and 2"}.get(world, f"ranks 1-{world - 1}")
 
 
 def expected(scenario: str, world: int) -> tuple[str, str | tuple[str, ...]]:
@@ -99,7 +99,7 @@ def expected(scenario: str, world: int) -> tuple[str, str | tuple[str, ...]]:
             )
         name = "train dataloader" if place == "train" else f"{place} dataloader 0"
         counts = "2" if place == "val" else "3"  # the sanity check runs 2 batches at most
-        return "UnevenBatchesError", f"Uneven data in {stage}: the {name} has 1 batch on {_others(world)}, {counts}"
+        return "UnevenBatchesError", f"Uneven data in {stage}: the {name} has 1 batch on {_others(world)} but {counts}"
     line = _line(f"# pitfall: {call}")
     if call == "keys":
         more = f", {world - 2} more rank(s) other keys" if world > 2 else ""

@@ -17,8 +17,8 @@ from lightning_ext._checks.messages import describe_deadlock, describe_divergenc
 from lightning_ext._checks.points import Point
 from lightning_ext._checks.verdict import blocked_by, deadlock, diagnosed
 from lightning_ext._exchange_rounds import exchange_partners
-from lightning_ext._watch.facts import Call, Facts
 from lightning_ext._watch.progress import Progress
+from lightning_ext._watch.rank_facts import Call, Facts
 from tests.helpers.rounds import play_rounds
 
 CALL = "self.log('x', sync_dist=True)"
@@ -102,7 +102,7 @@ def test_a_stream_one_batch_short_names_the_short_rank_not_the_one_behind_in_tim
     error = describe_divergence(points)
     assert isinstance(error, errors.UnevenBatchesError)
     assert first_line(error).startswith(
-        "Uneven data in epoch 0: the train dataloader ran out after 4 batch(es) on rank 3 but after 5 on ranks 0, 2."
+        "Uneven data in epoch 0: the train dataloader ran out after 4 batch(es) on rank 3 but after 5 on ranks 0 and 2."
     )
 
 

@@ -56,7 +56,7 @@ EXPECTED: dict[tuple[str, str], tuple[set[str], tuple[str, ...]]] = {
     ("collective_alone", "popen"): (  # rank 1 is inside C++ (gloo): it cannot raise; its process ends
         {"0"},
         ("Rank 1 is blocked in torch.distributed.all_reduce called from", _line_of("dist.all_reduce(torch.ones(1)"),
-         "which rank(s) [0] never made"),
+         "which rank 0 never made"),
     ),
     ("sigkill", "popen"): ({"0"}, ("Rank 1 is gone: killed by SIGKILL",)),
     ("stuck_worker", "popen"): ({"0", "1"}, ("Rank 1 is behind", "waiting for a batch from its DataLoader worker")),
