@@ -129,7 +129,8 @@ def describe_divergence(points: Sequence[Point]) -> errors.CrossRankError:
         if found:
             return _blame(found, everyone, _placed(found, everyone))
         if extra:
-            named = "; ".join(f"rank {stand.rank}: {stand.where}" for stand in list(firsts.values())[:2])
+            lowest = sorted(firsts.values(), key=_rank_of_stand)[:2]  # the two lowest ranks' first extra calls
+            named = "; ".join(f"rank {stand.rank}: {stand.where}" for stand in lowest)
             head = f"A collective call made on some ranks only ({shortened(named, 150)})."
             return errors.DivergentCollectiveError(_text(head, _ADVICE["collectives"], listing, "collective"))
     if all(kind == "step_logs" for kind in kinds) and len({point.identity[:2] for point in points}) == 1:
@@ -306,6 +307,10 @@ def _text(head: str, advice: str, lines: Iterable[str], fix: str) -> str:
 
 def _rank_of(facts: Facts) -> int:
     return facts.rank
+
+
+def _rank_of_stand(stand: Stand) -> int:
+    return stand.rank
 
 
 def _signalled(facts: Sequence[Facts | None]) -> str | None:

@@ -231,7 +231,8 @@ def test_pool_reports_a_hang_by_its_deadline(rank_pools: Any) -> None:
     started = time.monotonic()
     with pytest.raises(RankTimeout, match=r"rank\(s\) \[0, 1\] did not answer within 3s"):
         pool.run("time:sleep", (600,), timeout=3)
-    assert time.monotonic() - started < 300  # by its deadline, not when the ranks' 10-minute sleep ends
+    # by its deadline, not when the ranks' 10-minute sleep ends: so generous only a hang of the harness breaks it
+    assert time.monotonic() - started < 300
 
 
 @pytest.mark.both_packages

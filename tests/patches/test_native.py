@@ -83,6 +83,7 @@ def _normalise(outcomes: dict[str, Any], work: Path) -> dict[str, Any]:
     return json.loads(text.replace(str(work), "<work>"))
 
 
+@pytest.mark.ci  # minutes: whole suites and jobs again on the patched copy (make test skips it; CI runs it)
 def test_native_seams_give_the_same_results_as_the_runtime_drop_in(patched_site: Path, tmp_path: Path) -> None:
     runtime = _outcomes(tmp_path / "runtime", None)
     native = _outcomes(tmp_path / "native", _native_env(patched_site))
@@ -95,6 +96,7 @@ def test_native_seams_give_the_same_results_as_the_runtime_drop_in(patched_site:
     assert same_native == same_runtime  # and every policy and per-rank outcome is identical
 
 
+@pytest.mark.ci  # minutes: whole suites and jobs again on the patched copy (make test skips it; CI runs it)
 def test_policy_per_rank_and_hang_suites_pass_against_the_patched_copy(patched_site: Path) -> None:
     suites = [
         "tests/decisions/test_trainer_policies.py",
@@ -214,6 +216,7 @@ def _seams(site: Path, runtime_patching: str) -> dict[str, Any]:
     return dict(json.loads(line[len("SEAMS ") :]))
 
 
+@pytest.mark.ci  # minutes: whole suites and jobs again on the patched copy (make test skips it; CI runs it)
 def test_native_only_when_every_seam_is_a_series_without_the_hang_seams_is_completed_at_run_time(
     patched_site: Path, tmp_path: Path
 ) -> None:
@@ -303,6 +306,7 @@ def test_without_a_target_the_tool_takes_both_installed_packages_and_writes_all_
     assert {p: p.read_bytes() for target in (clean, altered) for p in target.rglob("*.py")} == before  # neither
 
 
+@pytest.mark.ci  # minutes: whole suites and jobs again on the patched copy (make test skips it; CI runs it)
 def test_the_series_on_a_pytorch_lightning_copy_runs_a_users_job_natively(tmp_path: Path) -> None:
     site = tmp_path / "site"
     shutil.copytree(Path(pytorch_lightning.__file__).parent, site / "pytorch_lightning", ignore=_CACHES)
