@@ -412,7 +412,7 @@ def batch_counts(counts: Sequence[float]) -> str:
 
     Example:
         >>> batch_counts([4, 5, 4, 4])
-        '4 batches on ranks 0 and 2-3 but 5 on rank 1'
+        '4 batches on ranks 0, 2 and 3 but 5 on rank 1'
         >>> batch_counts([3, 4, 5, 6, 7])
         '3 batches on rank 0 but 4 on rank 1, and other counts on 3 more ranks'
 
