@@ -2,7 +2,7 @@
 
 import contextlib
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any, Literal
 
@@ -175,13 +175,8 @@ class HangGuard:
         if self.lockstep is None or checks is None or not _collective.is_world(group) or not isinstance(tensor, Tensor):
             return reduce(tensor, group=group, reduce_op=reduce_op)
         logs.check_reduce(checks, tensor, reduce_op)
-        recorder = self.lockstep.recorder
-        recorder.checked = True
-        try:
-            with _collective.lightning_barrier_skipped():  # the check above is that barrier
-                return reduce(tensor, group=group, reduce_op=reduce_op)
-        finally:
-            recorder.checked = False
+        with self.lockstep.recorder.barrier_skipped(checked=True):  # the check above is that barrier
+            return reduce(tensor, group=group, reduce_op=reduce_op)
 
     def check_pack(self, metrics: list[Any], phase: str, carried: Carried | None = None) -> bool:
         """Before the coalesced sync of ``metrics``' ``phase`` values: a hook's step values are checked together (an
@@ -192,20 +187,13 @@ class HangGuard:
         logs.check_pack(checks, metrics, carried)
         return carried is not None
 
-    @contextlib.contextmanager
-    def without_barrier(self) -> Iterator[None]:
-        """Within the block, Lightning's barrier before an all-reduce is skipped: a check lined the ranks up (or, with
-        the checks off, the coalesced sync's all-reduce needs none); the calls there are not the odd ones out."""
-        recorder = None if self.lockstep is None else self.lockstep.recorder
-        with _collective.lightning_barrier_skipped():
-            if recorder is None:
-                yield
-                return
-            recorder.checked = True
-            try:
-                yield
-            finally:
-                recorder.checked = False
+    def without_barrier(self) -> AbstractContextManager[None]:
+        """Within the block, the training thread skips Lightning's barrier before an all-reduce: a check lined the
+        ranks up (or, with the checks off, the coalesced sync's all-reduce needs none), where the counting wrappers are
+        in place. With the checks and the stall report off, ``torch.distributed`` is left alone: the barrier runs."""
+        if self.recorder is None:
+            return nullcontext()
+        return self.recorder.barrier_skipped(checked=self.lockstep is not None)
 
     def check_call(self, call: str, identity: tuple[Any, ...], *, debug_only: bool = False) -> None:
         """Check before a collective call of the strategy (``barrier``, ``broadcast``, ``all_gather``)."""
