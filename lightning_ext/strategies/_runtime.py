@@ -1,14 +1,11 @@
 """Lightning's call sites reach lightning-ext: natively (a patched Lightning) or through wrappers installed here."""
 
-import functools
 import os
 import sys
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any, Literal
 
-import torch
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 from lightning.pytorch.loops.evaluation_loop import _EvaluationLoop
@@ -20,11 +17,10 @@ from lightning.pytorch.trainer.connectors.accelerator_connector import _Accelera
 from lightning.pytorch.trainer.connectors.logger_connector.logger_connector import _LoggerConnector
 from lightning.pytorch.trainer.connectors.logger_connector.result import _ResultCollection, _ResultMetric
 
-from lightning_ext._packages.choice import strategy_for_other_package
-from lightning_ext._per_rank import local_values
 from lightning_ext._setup import checks as setup_checks
 from lightning_ext.strategies import _compat
 from lightning_ext.strategies import _seam_hooks as seam_hooks
+from lightning_ext.strategies import _wrappers as wrappers
 
 __all__ = ["check_trainer_strategies", "install", "patch_mode", "runtime_patching_enabled", "seams_available"]
 
@@ -105,11 +101,11 @@ def check_trainer_strategies() -> None:
     method. Not a seam of the patch series: installed when the package is imported, unless runtime patching is off or
     the package is patched (then nothing is wrapped, and Lightning's own error stands).
     """
-    seam = (_AcceleratorConnector, "_check_config_and_set_final_flags", _trainer_check_seam)
+    seam = (_AcceleratorConnector, "_check_config_and_set_final_flags", wrappers.trainer_check_seam)
     if not runtime_patching_enabled() or patch_mode() == "native" or _is_wrapped(seam):
         return
     _compat.check_signatures([seam[:2]])
-    wrapper = _trainer_check_seam(_AcceleratorConnector._check_config_and_set_final_flags)
+    wrapper = wrappers.trainer_check_seam(_AcceleratorConnector._check_config_and_set_final_flags)
     setattr(wrapper, _MARKER, True)
     _AcceleratorConnector._check_config_and_set_final_flags = wrapper  # type: ignore[method-assign]
 
@@ -150,231 +146,36 @@ _LEVEL_1_SEAMS = frozenset(
 
 
 def _all_seams() -> tuple[Seam, ...]:
-    return (*_seams(), *_hang_seams(), (_DataFetcher, "setup", _loaders_seam), *_sync_seams())
+    return (*_seams(), *_hang_seams(), (_DataFetcher, "setup", wrappers.loaders_seam), *_sync_seams())
 
 
 def _seams() -> tuple[Seam, ...]:
     return (
-        (ModelCheckpoint, "_save_topk_checkpoint", _checkpoint_seam),
-        (ModelCheckpoint, "on_train_batch_end", _step_checkpoint_seam),
-        (EarlyStopping, "_run_early_stopping_check", _early_stopping_seam),
-        (_LoggerConnector, "log_metrics", _log_metrics_seam),
-        (_ResultMetric, "forward", _forward_seam),
+        (ModelCheckpoint, "_save_topk_checkpoint", wrappers.checkpoint_seam),
+        (ModelCheckpoint, "on_train_batch_end", wrappers.step_checkpoint_seam),
+        (EarlyStopping, "_run_early_stopping_check", wrappers.early_stopping_seam),
+        (_LoggerConnector, "log_metrics", wrappers.log_metrics_seam),
+        (_ResultMetric, "forward", wrappers.forward_seam),
     )
 
 
 def _hang_seams() -> tuple[Seam, ...]:
     return (
-        (_ResultMetric, "compute", _compute_seam),
-        (_LoggerConnector, "on_batch_start", _batch_start_seam),
-        (_ResultCollection, "metrics", _epoch_metrics_seam),
-        (_FitLoop, "setup_data", _fit_data_seam),
-        (_EvaluationLoop, "setup_data", _evaluation_data_seam),
-        (_EvaluationLoop, "max_batches", _evaluation_batches_seam),
-        (_PrefetchDataFetcher, "__next__", _fetch_seam),
-        (Trainer, "_run", _run_seam),
+        (_ResultMetric, "compute", wrappers.compute_seam),
+        (_LoggerConnector, "on_batch_start", wrappers.batch_start_seam),
+        (_ResultCollection, "metrics", wrappers.epoch_metrics_seam),
+        (_FitLoop, "setup_data", wrappers.fit_data_seam),
+        (_EvaluationLoop, "setup_data", wrappers.evaluation_data_seam),
+        (_EvaluationLoop, "max_batches", wrappers.evaluation_batches_seam),
+        (_PrefetchDataFetcher, "__next__", wrappers.fetch_seam),
+        (Trainer, "_run", wrappers.run_seam),
     )
 
 
 def _sync_seams() -> tuple[Seam, ...]:
     return (
-        (_call, "_call_lightning_module_hook", _hook_end_seam),
-        (_call, "_call_callback_hooks", _hook_end_seam),
-        (_call, "_call_strategy_hook", _hook_end_seam),
-        (LightningModule, "log", _compiled_log_seam),
+        (_call, "_call_lightning_module_hook", wrappers.hook_end_seam),
+        (_call, "_call_callback_hooks", wrappers.hook_end_seam),
+        (_call, "_call_strategy_hook", wrappers.hook_end_seam),
+        (LightningModule, "log", wrappers.compiled_log_seam),
     )
-
-
-def _checkpoint_seam(original: Callable[..., None]) -> Callable[..., None]:
-    @functools.wraps(original)
-    def _save_topk_checkpoint(self: ModelCheckpoint, trainer: Any, monitor_candidates: dict[str, Any]) -> None:
-        hook = getattr(trainer.strategy, "save_topk_with_policy", None)
-        if hook is not None and hook(self, trainer, monitor_candidates):
-            return
-        original(self, trainer, monitor_candidates)
-
-    return _save_topk_checkpoint
-
-
-def _step_checkpoint_seam(original: Callable[..., None]) -> Callable[..., None]:
-    @functools.wraps(original)
-    def on_train_batch_end(self: ModelCheckpoint, trainer: Any, *args: Any, **kwargs: Any) -> None:
-        hook = getattr(trainer.strategy, "prepare_topk_decision", None)
-        if hook is None:
-            original(self, trainer, *args, **kwargs)
-            return
-        # the stock method fetches the candidates exactly when a save is due: decide there (the patched source calls
-        # the hook right after that line)
-        fetch = type(self)._monitor_candidates
-
-        def candidates_then_decide(trainer_: Any) -> dict[str, Any]:
-            found: dict[str, Any] = fetch(self, trainer_)
-            hook(self, trainer_, found)
-            return found
-
-        self.__dict__["_monitor_candidates"] = candidates_then_decide  # shadows the method for this call only
-        try:
-            original(self, trainer, *args, **kwargs)
-        finally:
-            self.__dict__.pop("_monitor_candidates", None)
-
-    return on_train_batch_end
-
-
-def _early_stopping_seam(original: Callable[..., None]) -> Callable[..., None]:
-    @functools.wraps(original)
-    def _run_early_stopping_check(self: EarlyStopping, trainer: Any) -> None:
-        hook = getattr(trainer.strategy, "run_early_stopping_with_policy", None)
-        if hook is not None and hook(self, trainer):
-            return
-        original(self, trainer)
-
-    return _run_early_stopping_check
-
-
-def _log_metrics_seam(original: Callable[..., None]) -> Callable[..., None]:
-    @functools.wraps(original)
-    def log_metrics(self: _LoggerConnector, metrics: dict[str, Any], step: Any = None) -> None:
-        hook = getattr(self.trainer.strategy, "loggers_for_log_metrics", None)
-        if hook is None:
-            original(self, metrics, step)
-            return
-        with _loggers_for_this_call(self.trainer, hook(self.trainer, metrics)):
-            original(self, metrics, step)
-
-    return log_metrics
-
-
-@contextmanager
-def _loggers_for_this_call(trainer: Any, loggers: list[Any]) -> Iterator[None]:
-    """The stock body logs to ``trainer.loggers``; give it these for one call (the patched body takes them directly)."""
-    if loggers == trainer.loggers:
-        yield
-        return
-    own = trainer.loggers
-    trainer.loggers = loggers
-    try:
-        yield
-    finally:
-        trainer.loggers = own
-
-
-def _forward_seam(original: Callable[..., None]) -> Callable[..., None]:
-    @functools.wraps(original)
-    def forward(self: _ResultMetric, value: Any, batch_size: int) -> None:
-        with seam_hooks.syncing(self, "step"):
-            original(self, value, batch_size)
-        local_values.record_update(self, value)
-
-    return forward
-
-
-def _compute_seam(original: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(original)
-    def compute(self: _ResultMetric) -> Any:
-        with seam_hooks.syncing(self, "epoch"):
-            return original(self)
-
-    return compute
-
-
-def _epoch_metrics_seam(original: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(original)
-    def metrics(self: _ResultCollection, on_step: bool) -> Any:
-        with seam_hooks.epoch_round(self, on_step):
-            return original(self, on_step)
-
-    return metrics
-
-
-def _batch_start_seam(original: Callable[..., None]) -> Callable[..., None]:
-    @functools.wraps(original)
-    def on_batch_start(self: _LoggerConnector, *args: Any, **kwargs: Any) -> None:
-        original(self, *args, **kwargs)
-        seam_hooks.batch_started()
-
-    return on_batch_start
-
-
-def _fit_data_seam(original: Callable[..., None]) -> Callable[..., None]:
-    @functools.wraps(original)
-    def setup_data(self: _FitLoop) -> None:
-        original(self)
-        seam_hooks.after_fit_setup_data(self)
-
-    return setup_data
-
-
-def _evaluation_data_seam(original: Callable[..., None]) -> Callable[..., None]:
-    @functools.wraps(original)
-    def setup_data(self: _EvaluationLoop) -> None:
-        original(self)
-        seam_hooks.after_eval_setup_data(self)
-
-    return setup_data
-
-
-def _evaluation_batches_seam(original: Callable[..., list[Any]]) -> Callable[..., list[Any]]:
-    @functools.wraps(original)
-    def max_batches(self: _EvaluationLoop) -> list[Any]:
-        return seam_hooks.max_batches(self, original(self))
-
-    return max_batches
-
-
-def _fetch_seam(original: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(original)
-    def __next__(self: _PrefetchDataFetcher) -> Any:
-        return seam_hooks.fetch(self, functools.partial(original, self))
-
-    return __next__
-
-
-def _loaders_seam(original: Callable[..., None]) -> Callable[..., None]:
-    @functools.wraps(original)
-    def setup(self: _DataFetcher, combined_loader: Any) -> None:
-        setup_checks.before_iteration(combined_loader)  # every loop sets its fetcher up right before iterating
-        original(self, combined_loader)
-
-    return setup
-
-
-def _trainer_check_seam(original: Callable[..., None]) -> Callable[..., None]:
-    @functools.wraps(original)
-    def _check_config_and_set_final_flags(self: _AcceleratorConnector, strategy: Any, *args: Any, **kw: Any) -> None:
-        theirs = getattr(type(strategy), "_lightning_package", None)  # set on PolicyStrategyMixin, per package
-        if theirs is not None and theirs != _compat.PACKAGE:
-            raise strategy_for_other_package(type(strategy), theirs, _compat.PACKAGE, "this Trainer")
-        original(self, strategy, *args, **kw)
-
-    return _check_config_and_set_final_flags
-
-
-def _hook_end_seam(original: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(original)
-    def call_hook(trainer: Any, hook_name: str, *args: Any, **kwargs: Any) -> Any:
-        output = original(trainer, hook_name, *args, **kwargs)
-        seam_hooks.hook_ended()  # every rank calls the same hooks in the same order: the values logged in it sync
-        return output
-
-    return call_hook
-
-
-def _compiled_log_seam(original: Callable[..., None]) -> Callable[..., None]:
-    """``LightningModule.log`` runs eagerly inside a ``torch.compile``'d module (Lightning #21837): dynamo cannot trace
-    it (``InternalTorchDynamoError: AttributeError: 'method' object has no attribute '__dict__'``)."""
-    return torch.compiler.disable(original)  # type: ignore[no-untyped-call,no-any-return]
-
-
-def _run_seam(original: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(original)
-    def _run(self: Trainer, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return original(self, *args, **kwargs)
-        except BaseException as error:
-            hook = getattr(self.strategy, "on_run_failure", None)
-            if hook is not None:
-                hook(error)  # may raise another rank's error instead, from this one
-            raise
-
-    return _run
