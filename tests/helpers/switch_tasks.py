@@ -63,7 +63,8 @@ def _fit(options: dict[str, Any], callbacks: list[L.Callback], steps: int, epoch
 
 def _functions() -> dict[str, Any]:
     """Every public function of ``torch.distributed``, by name."""
-    return {name: getattr(dist, name) for name in dir(dist) if not name.startswith("_") and callable(getattr(dist, name))}
+    names = [name for name in dir(dist) if not name.startswith("_")]
+    return {name: getattr(dist, name) for name in names if callable(getattr(dist, name))}
 
 
 def _replaced(originals: dict[str, Any]) -> list[str]:
