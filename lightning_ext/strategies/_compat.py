@@ -86,6 +86,10 @@ SIGNATURES: dict[tuple[Any, str], tuple[tuple[str, ...], ...]] = {
     (_PrefetchDataFetcher, "__next__"): (("self",),),
     (Trainer, "_run"): (("self", "model", "ckpt_path"), ("self", "model", "ckpt_path", "weights_only")),  # 2.5, 2.6
     (_DataFetcher, "setup"): (("self", "combined_loader"),),
+    # the trainer's metrics (read while values are pending)
+    (Trainer, "callback_metrics"): (("self",),),  # properties: their getters
+    (Trainer, "logged_metrics"): (("self",),),
+    (Trainer, "progress_bar_metrics"): (("self",),),
     # trainer/call.py's functions (the hooks end there: the coalesced sync), and the log a compiled module calls
     (_call, "_call_lightning_module_hook"): (("trainer", "hook_name", "args", "pl_module", "kwargs"),),
     (_call, "_call_callback_hooks"): (("trainer", "hook_name", "args", "monitoring_callbacks", "kwargs"),),

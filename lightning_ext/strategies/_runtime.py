@@ -29,7 +29,8 @@ _NATIVE_MARKER = "_LIGHTNING_EXT_SEAM"  # a class attribute that the patch serie
 _HOOKS = "_lightning_ext_hooks"  # the module attribute through which a patched Lightning calls seam_hooks
 _SETUP_HOOKS = "_lightning_ext_setup_checks"  # and setup_checks (the fetchers module, patch 0005)
 _ENV_SWITCH = "LIGHTNING_EXT_RUNTIME_PATCHING"
-_DECISIONS, _HANG, _SETUP, _SYNC = 1, 2, 3, 4  # the series level that makes a seam native (0001-0003, 0004, 0005, 0006)
+# the series level that makes a seam native: 0001-0003, 0004, 0005, 0006, 0007
+_DECISIONS, _HANG, _SETUP, _SYNC, _STOP = 1, 2, 3, 4, 5
 
 Seam = tuple[Any, str, Callable[[Any], Any]]  # (the class or module that holds it, the attribute, the wrapper maker)
 
@@ -67,7 +68,7 @@ def install() -> None:
 
     """
     _compat.warn_if_unverified()
-    for seams, level in ((_hang_seams(), _HANG), (_sync_seams(), _SYNC)):
+    for seams, level in ((_hang_seams(), _HANG), (_sync_seams(), _SYNC), (_stop_seams(), _STOP)):
         for owner, _, _ in seams:
             module = owner if isinstance(owner, ModuleType) else sys.modules.get(owner.__module__)
             if _level(owner) >= level and module is not None and hasattr(module, _HOOKS):
@@ -118,10 +119,13 @@ def _level(owner: Any) -> int:
 def _is_native(seam: Seam) -> bool:
     """Whether the patched Lightning carries this seam: the decisions' ones came with level 1, the hang checks' with
     level 2 (as did the part of ``_ResultMetric.forward`` that says which value syncs), the set-up checks' with 3, the
-    coalesced sync's hook ends and the compiled ``LightningModule.log`` with 4."""
+    coalesced sync's hook ends and the compiled ``LightningModule.log`` with 4, and with 5 the sync after each
+    callback and the trainer's metrics read while values are pending."""
     owner, name, _ = seam
     if (owner, name) == (_DataFetcher, "setup"):
         return _level(owner) >= _SETUP
+    if (owner, name) in _LEVEL_5_SEAMS:
+        return _level(owner) >= _STOP
     if owner is _call or owner is LightningModule:
         return _level(owner) >= _SYNC
     decisions_only = (owner, name) in _LEVEL_1_SEAMS
@@ -145,8 +149,19 @@ _LEVEL_1_SEAMS = frozenset(
 )
 
 
+_LEVEL_5_SEAMS = frozenset(
+    {
+        (_call, "_call_callback_hooks"),
+        (Trainer, "callback_metrics"),
+        (Trainer, "logged_metrics"),
+        (Trainer, "progress_bar_metrics"),
+    }
+)
+
+
 def _all_seams() -> tuple[Seam, ...]:
-    return (*_seams(), *_hang_seams(), (_DataFetcher, "setup", wrappers.loaders_seam), *_sync_seams())
+    loaders = (_DataFetcher, "setup", wrappers.loaders_seam)
+    return (*_seams(), *_hang_seams(), loaders, *_sync_seams(), *_stop_seams())
 
 
 def _seams() -> tuple[Seam, ...]:
@@ -175,7 +190,15 @@ def _hang_seams() -> tuple[Seam, ...]:
 def _sync_seams() -> tuple[Seam, ...]:
     return (
         (_call, "_call_lightning_module_hook", wrappers.hook_end_seam),
-        (_call, "_call_callback_hooks", wrappers.hook_end_seam),
+        (_call, "_call_callback_hooks", wrappers.callback_hooks_seam),
         (_call, "_call_strategy_hook", wrappers.hook_end_seam),
         (LightningModule, "log", wrappers.compiled_log_seam),
+    )
+
+
+def _stop_seams() -> tuple[Seam, ...]:
+    return (
+        (Trainer, "callback_metrics", wrappers.metrics_read_seam),
+        (Trainer, "logged_metrics", wrappers.metrics_read_seam),
+        (Trainer, "progress_bar_metrics", wrappers.metrics_read_seam),
     )

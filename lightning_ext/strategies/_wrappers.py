@@ -197,6 +197,57 @@ def hook_end_seam(original: Callable[..., Any]) -> Callable[..., Any]:
     return call_hook
 
 
+def callback_hooks_seam(original: Callable[..., None]) -> Callable[..., None]:
+    @functools.wraps(original)
+    def _call_callback_hooks(trainer: Any, hook_name: str, *args: Any, **kwargs: Any) -> None:
+        with _after_each_callback(trainer, hook_name):
+            original(trainer, hook_name, *args, **kwargs)
+        seam_hooks.hook_ended()  # the last callback's values
+
+    return _call_callback_hooks
+
+
+_ABSENT = object()
+
+
+@contextmanager
+def _after_each_callback(trainer: Any, hook_name: str) -> Iterator[None]:
+    """Within the block, the values a callback logged sync before the next callback's call of ``hook_name``.
+
+    Lightning's loop (2.5 and 2.6) calls each callback inside ``trainer.profiler.profile("[Callback]<state_key>.<hook
+    name>")``: for the loop's length that call first syncs what the callbacks before logged, and Lightning's own loop
+    runs as it is (the patched loop calls ``callback_ended`` after each callback instead).
+    """
+    profiler: Any = getattr(trainer, "profiler", None)
+    own = getattr(profiler, "__dict__", None)
+    if own is None or not seam_hooks.coalescing():
+        yield
+        return
+    previous, profile, suffix = own.get("profile", _ABSENT), profiler.profile, f".{hook_name}"
+
+    def profile_after_the_callback_before(action_name: str) -> Any:
+        if action_name.startswith("[Callback]") and action_name.endswith(suffix):
+            seam_hooks.callback_ended()
+        return profile(action_name)
+
+    own["profile"] = profile_after_the_callback_before
+    try:
+        yield
+    finally:
+        if previous is _ABSENT:
+            own.pop("profile", None)
+        else:
+            own["profile"] = previous
+
+
+def metrics_read_seam(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def metrics(self: Trainer) -> Any:
+        return seam_hooks.metrics_read(original(self))  # while values are pending, their reads warn
+
+    return metrics
+
+
 def compiled_log_seam(original: Callable[..., None]) -> Callable[..., None]:
     """``LightningModule.log`` runs eagerly inside a ``torch.compile``'d module (Lightning #21837): dynamo cannot trace
     it (``InternalTorchDynamoError: AttributeError: 'method' object has no attribute '__dict__'``)."""

@@ -209,7 +209,7 @@ class PolicyStrategyMixin(CollectiveSeams, _Strategy):
         if self._log_sync == "coalesced" and _collective.is_initialized():
             carry = _collective.is_gloo()  # CPU step values may ride their check where Lightning's sync is gloo's
             self._sync_queue = SyncQueue(self._reduce_packed, self._hang_guard.check_pack, self.world_size, carry)
-            sync_hooks.start(self._sync_queue)
+            sync_hooks.start(self._sync_queue, self._rank(), self.world_size)
         setup_checks.start(setup_checks.SetupChecks(RankGroup.from_strategy(self), self._trainer()))
 
     @override
