@@ -14,6 +14,7 @@ from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 from lightning.pytorch.loops.evaluation_loop import _EvaluationLoop
 from lightning.pytorch.loops.fetchers import _DataFetcher, _PrefetchDataFetcher
 from lightning.pytorch.loops.fit_loop import _FitLoop
+from lightning.pytorch.loops.prediction_loop import _PredictionLoop
 from lightning.pytorch.trainer import call as _call
 from lightning.pytorch.trainer.connectors.accelerator_connector import _AcceleratorConnector
 from lightning.pytorch.trainer.connectors.logger_connector.logger_connector import _LoggerConnector
@@ -86,7 +87,9 @@ SIGNATURES: dict[tuple[Any, str], tuple[tuple[str, ...], ...]] = {
     (_PrefetchDataFetcher, "__next__"): (("self",),),
     (Trainer, "_run"): (("self", "model", "ckpt_path"), ("self", "model", "ckpt_path", "weights_only")),  # 2.5, 2.6
     (_DataFetcher, "setup"): (("self", "combined_loader"),),
-    # the trainer's metrics (read while values are pending)
+    # each evaluation and prediction batch's end (a preemption stop, another rank's error), the trainer's metrics
+    (_EvaluationLoop, "_evaluation_step"): (("self", "batch", "batch_idx", "dataloader_idx", "dataloader_iter"),),
+    (_PredictionLoop, "_predict_step"): (("self", "batch", "batch_idx", "dataloader_idx", "dataloader_iter"),),
     (Trainer, "callback_metrics"): (("self",),),  # properties: their getters
     (Trainer, "logged_metrics"): (("self",),),
     (Trainer, "progress_bar_metrics"): (("self",),),

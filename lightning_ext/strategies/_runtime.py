@@ -11,6 +11,7 @@ from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 from lightning.pytorch.loops.evaluation_loop import _EvaluationLoop
 from lightning.pytorch.loops.fetchers import _DataFetcher, _PrefetchDataFetcher
 from lightning.pytorch.loops.fit_loop import _FitLoop
+from lightning.pytorch.loops.prediction_loop import _PredictionLoop
 from lightning.pytorch.strategies import ParallelStrategy
 from lightning.pytorch.trainer import call as _call
 from lightning.pytorch.trainer.connectors.accelerator_connector import _AcceleratorConnector
@@ -120,7 +121,7 @@ def _is_native(seam: Seam) -> bool:
     """Whether the patched Lightning carries this seam: the decisions' ones came with level 1, the hang checks' with
     level 2 (as did the part of ``_ResultMetric.forward`` that says which value syncs), the set-up checks' with 3, the
     coalesced sync's hook ends and the compiled ``LightningModule.log`` with 4, and with 5 the sync after each
-    callback and the trainer's metrics read while values are pending."""
+    callback, the trainer's metrics read while values are pending, and each evaluation and prediction batch's end."""
     owner, name, _ = seam
     if (owner, name) == (_DataFetcher, "setup"):
         return _level(owner) >= _SETUP
@@ -155,6 +156,8 @@ _LEVEL_5_SEAMS = frozenset(
         (Trainer, "callback_metrics"),
         (Trainer, "logged_metrics"),
         (Trainer, "progress_bar_metrics"),
+        (_EvaluationLoop, "_evaluation_step"),
+        (_PredictionLoop, "_predict_step"),
     }
 )
 
@@ -201,4 +204,6 @@ def _stop_seams() -> tuple[Seam, ...]:
         (Trainer, "callback_metrics", wrappers.metrics_read_seam),
         (Trainer, "logged_metrics", wrappers.metrics_read_seam),
         (Trainer, "progress_bar_metrics", wrappers.metrics_read_seam),
+        (_EvaluationLoop, "_evaluation_step", wrappers.evaluation_batch_seam),
+        (_PredictionLoop, "_predict_step", wrappers.evaluation_batch_seam),
     )

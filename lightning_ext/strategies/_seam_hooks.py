@@ -18,6 +18,7 @@ __all__ = [
     "callback_ended",
     "coalescing",
     "epoch_round",
+    "evaluation_batch_ended",
     "fetch",
     "hook_ended",
     "max_batches",
@@ -28,6 +29,7 @@ __all__ = [
 after_eval_setup_data = hang.after_eval_setup_data
 after_fit_setup_data = hang.after_fit_setup_data
 batch_started = hang.batch_started
+evaluation_batch_ended = hang.evaluation_batch_ended
 fetch = hang.fetch
 max_batches = hang.max_batches
 hook_ended = sync.hook_ended

@@ -248,6 +248,15 @@ def metrics_read_seam(original: Callable[..., Any]) -> Callable[..., Any]:
     return metrics
 
 
+def evaluation_batch_seam(original: Callable[..., None]) -> Callable[..., None]:
+    @functools.wraps(original)
+    def step(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        seam_hooks.evaluation_batch_ended(self)  # a preemption stop, or another rank's error, ends the run here
+
+    return step
+
+
 def compiled_log_seam(original: Callable[..., None]) -> Callable[..., None]:
     """``LightningModule.log`` runs eagerly inside a ``torch.compile``'d module (Lightning #21837): dynamo cannot trace
     it (``InternalTorchDynamoError: AttributeError: 'method' object has no attribute '__dict__'``)."""

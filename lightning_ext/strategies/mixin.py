@@ -260,6 +260,11 @@ class PolicyStrategyMixin(CollectiveSeams, _Strategy):
         self._hang_guard.watch_signals()
 
     @override
+    def on_predict_start(self) -> None:
+        super().on_predict_start()
+        self._hang_guard.watch_signals()
+
+    @override
     def teardown(self) -> None:
         telemetry, self._telemetry, self._step_timer, self._gradient_wait = self._telemetry, None, None, None
         if telemetry is not None:

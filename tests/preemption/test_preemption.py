@@ -1,6 +1,7 @@
 """The coordinated stop on preemption, in real gloo groups of the rank pools: SIGTERM on some ranks at a random
-training batch and hook stops every rank before the same step, with a checkpoint that resumes to the uninterrupted
-stock run's weights and rows.
+training batch and hook stops every rank at the same point (before the same training step; in a validation, after the
+same validation batch, unless it runs inside a gradient accumulation window), with a checkpoint that resumes to the
+uninterrupted stock run's weights and rows.
 
 The reference is Lightning's stock ``DDPStrategy`` run without any signal (tests/helpers/preemption_tasks.py): its
 final weights, the steps where it validated (its own ``metrics.csv``), and each rank's local loss at each step
@@ -130,6 +131,11 @@ def test_a_signal_at_a_random_step_stops_every_rank_together_and_resumes_to_the_
     assert all(outcome["received_sigterm"] for outcome in stopped)
     assert batch < stop < BATCHES and _window_end(stop, accumulate), f"signal at batch {batch}, stop at {stop}"
     assert stop <= next(n for n in range(batch + LATENCY, BATCHES + LATENCY) if _window_end(n, accumulate))
+    if phase == "validation_step" and _window_end(batch + 1, accumulate):
+        # in the validation itself, within one batch (of SLOW_VALIDATION seconds) of the signalled one, its first
+        assert stop == batch + 1, f"signal in the validation after batch {batch}, stop before batch {stop}"
+        where = {(outcome["val_batches"], outcome["validation_ended"]) for outcome in stopped}
+        assert where <= {(1, False), (2, False)}, where
     name = "last.ckpt" if checkpoint == "save_last" else "last-preempted.ckpt"
     found = list(root.rglob(name))
     assert len(found) == 1, f"{name} not written: {sorted(root.rglob('*.ckpt'))}"
