@@ -31,6 +31,7 @@ PATCHED_FILES = [
     "pytorch/loops/evaluation_loop.py",
     "pytorch/loops/fetchers.py",
     "pytorch/loops/fit_loop.py",
+    "pytorch/loops/prediction_loop.py",
     "pytorch/strategies/parallel.py",
     "pytorch/trainer/call.py",
     "pytorch/trainer/connectors/logger_connector/logger_connector.py",
@@ -108,6 +109,10 @@ def test_policy_per_rank_and_hang_suites_pass_against_the_patched_copy(patched_s
         "tests/decisions/test_record_runs.py",  # the decision record, made by the same seams
         "tests/setup/test_trainer_runs.py",  # the set-up checks' seam (0005), natively
         "tests/sync/test_collectives.py",  # the coalesced sync's seams where the hooks end (0006), natively
+        # 0007, natively: the sync after each callback, the reads of pending values, the evaluation batches' end
+        "tests/sync/test_readers.py",
+        "tests/sync/test_inside_the_hook.py",
+        "tests/preemption/test_evaluation_stop.py",
     ]
     # not about the seams, and run in the main suite: stock Lightning's hang (the error half is the first test's
     # case), and the test pool's own deadline
@@ -188,6 +193,11 @@ SEAMS = [
     ("lightning.pytorch.loops.fetchers", "_PrefetchDataFetcher", "__next__"),
     ("lightning.pytorch.loops.fetchers", "_DataFetcher", "setup"),
     ("lightning.pytorch.trainer.trainer", "Trainer", "_run"),
+    ("lightning.pytorch.trainer.trainer", "Trainer", "callback_metrics"),
+    ("lightning.pytorch.trainer.trainer", "Trainer", "logged_metrics"),
+    ("lightning.pytorch.trainer.trainer", "Trainer", "progress_bar_metrics"),
+    ("lightning.pytorch.loops.evaluation_loop", "_EvaluationLoop", "_evaluation_step"),
+    ("lightning.pytorch.loops.prediction_loop", "_PredictionLoop", "_predict_step"),
 ]
 
 mode = runtime.patch_mode()
@@ -237,10 +247,15 @@ def test_native_only_when_every_seam_is_a_series_without_the_hang_seams_is_compl
     assert completed["mode"] == "runtime" and completed["error"] is None
     assert completed["wrapped"] == [
         "Trainer._run",
+        "Trainer.callback_metrics",
+        "Trainer.logged_metrics",
+        "Trainer.progress_bar_metrics",
         "_DataFetcher.setup",
+        "_EvaluationLoop._evaluation_step",
         "_EvaluationLoop.max_batches",
         "_EvaluationLoop.setup_data",
         "_FitLoop.setup_data",
+        "_PredictionLoop._predict_step",
         "_LoggerConnector.on_batch_start",
         "_PrefetchDataFetcher.__next__",
         "_ResultCollection.metrics",
