@@ -291,10 +291,20 @@ def _stop_signal(name: str, trainer: Any) -> int | None:
 
 
 def _other_handlers(replaced: Any, number: int, frame: FrameType | None) -> None:
-    """Run the handlers ``replaced`` holds (the user's, inside Lightning's compose), except Lightning's own."""
+    """Run the handlers ``replaced`` holds (the user's, inside Lightning's compose), except Lightning's own.
+
+    A compose (Lightning's ``_HandlersCompose``, or a note of lightning-ext's, which holds the handler it replaced) is
+    walked into: Lightning puts the handler it finds into its compose, and a process may still hold an earlier
+    trainer's (one whose teardown was cut short by an error), whose own SIGTERM handler would broadcast on this rank
+    alone.
+    """
     handlers = getattr(replaced, "signal_handlers", [replaced])
     for handler in handlers:
-        if callable(handler) and getattr(handler, "__name__", "") not in _REPLACED:
+        if isinstance(handler, int):  # a signal number stands for its current handler, in Lightning's compose
+            continue
+        if hasattr(handler, "signal_handlers"):
+            _other_handlers(handler, number, frame)
+        elif callable(handler) and getattr(handler, "__name__", "") not in _REPLACED:
             handler(number, frame)
 
 

@@ -298,6 +298,11 @@ class _SignalNote:
         self.recorder, self.name, self.previous = recorder, name, previous
         self.consumer: SignalConsumer | None = None
 
+    @property
+    def signal_handlers(self) -> list[Any]:
+        """The handler it runs after its note, as a compose holds its handlers (a later run's stop walks into it)."""
+        return [self.previous]
+
     def __call__(self, number: int, frame: FrameType | None) -> Any:
         recorder = self.recorder
         if recorder.signal is None:

@@ -256,3 +256,21 @@ def test_the_stop_runs_the_users_earlier_handler_but_not_lightnings_broadcasting
     _other_handlers(lambda number, frame: seen.append(-number), signal.SIGTERM, None)  # not Lightning's compose
     _other_handlers(signal.SIG_DFL, signal.SIGTERM, None)  # the default action is not taken: the stop ends the run
     assert seen == [signal.SIGTERM, -signal.SIGTERM]
+
+
+def test_the_stop_skips_an_earlier_trainers_handlers_left_in_the_process_but_runs_the_users_inside_them() -> None:
+    """A trainer whose teardown an error cut short leaves its compose installed; the next trainer's compose holds it
+    (Lightning appends the handler it finds), and lightning-ext's note of that run holds it too. Its SIGTERM handler
+    would broadcast on the signalled rank alone (its None trainer makes it raise here instead)."""
+    from lightning.pytorch.trainer.connectors.signal_connector import _HandlersCompose, _SignalConnector
+
+    from lightning_ext._watch.facts import Recorder, _SignalNote
+
+    seen: list[int] = []
+    earlier, current = _SignalConnector(trainer=None), _SignalConnector(trainer=None)  # type: ignore[arg-type]
+    stale = _HandlersCompose([earlier._sigterm_notifier_fn, lambda number, frame: seen.append(number)])
+    _other_handlers(_HandlersCompose([current._sigterm_notifier_fn, stale]), signal.SIGTERM, None)
+    stale_note = _SignalNote(Recorder(0, 2, None), "SIGTERM", stale)  # an earlier run's note, never given back
+    _other_handlers(_HandlersCompose([current._sigterm_notifier_fn, stale_note]), signal.SIGTERM, None)
+    assert seen == [signal.SIGTERM, signal.SIGTERM]
+    assert not earlier.received_sigterm and not current.received_sigterm
