@@ -27,6 +27,7 @@ from lightning_ext._summaries.straggler_format import (
     stragglers_text,
 )
 from lightning_ext._summaries.stragglers import phase_medians
+from lightning_ext.check import command as check
 from lightning_ext.decision_record import read_record
 from lightning_ext.rank_metrics import DEFAULT_FILENAME, read_rank_hosts
 from lightning_ext.rank_spread import (
@@ -126,6 +127,7 @@ def _parser() -> argparse.ArgumentParser:
         "--allow-mixed", action="store_true", help="read a record of several runs instead of refusing"
     )
     decisions.set_defaults(run=_run_decisions)
+    check.add_arguments(commands.add_parser("check", help=check.HELP, description=check.DESCRIPTION))
     return parser
 
 

@@ -8,6 +8,7 @@ from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_warn
 
 from lightning_ext._collective import RankGroup, all_gather_objects
+from lightning_ext._per_rank.sinks import run_identities
 from lightning_ext._setup import checks as setup_checks
 from lightning_ext._stall.monitor import introduction
 from lightning_ext.errors import PolicyMismatchError, mark_joint
@@ -24,6 +25,7 @@ class Agreement:
     log_dir: str | None  # where the per-rank files go, if they are on
     record_dir: str | None  # where the decision record goes, if it is on and there is a logger
     peers: list[Any]  # every rank's introduction to the stall monitor (pid, host; rank 0's: the report's directory)
+    runs: list[Any] | None  # with per-rank files: each logger's main run as rank 0 made it, for the ranks' own runs
 
 
 def agree(
@@ -44,6 +46,7 @@ def agree(
         # as Trainer.log_dir defines them (without its broadcast)
         "log_dir": (logger_dir or str(trainer.default_root_dir)) if first and per_rank else None,
         "record_dir": logger_dir if record else None,
+        "runs": run_identities(trainer) if first and per_rank else None,  # MLflow's, W&B's run id: only rank 0 has it
         "namespace": f"lightning_ext/{uuid.uuid4().hex}/" if first else None,
         "init_module": setup_checks.init_module_state(trainer),
         "stall": introduction((logger_dir or str(trainer.default_root_dir)) if first and trainer is not None else None),
@@ -60,7 +63,10 @@ def agree(
         for logger, version in zip(_versioned_loggers(trainer), everyone[0]["versions"], strict=True):
             logger._version = version
     peers = [theirs["stall"] for theirs in everyone]
-    return Agreement(everyone[0]["namespace"], everyone[0]["log_dir"], everyone[0]["record_dir"], peers)
+    first_rank = everyone[0]
+    return Agreement(
+        first_rank["namespace"], first_rank["log_dir"], first_rank["record_dir"], peers, first_rank["runs"]
+    )
 
 
 def invalid_policies(

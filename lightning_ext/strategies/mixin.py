@@ -21,8 +21,8 @@ from lightning_ext._packages.choice import (
     strategy_for_other_package,
 )
 from lightning_ext._per_rank import local_values
-from lightning_ext._per_rank.logger import RankCSVLogger, loggers_for
-from lightning_ext._per_rank.tensorboard_files import event_files_for
+from lightning_ext._per_rank.logger import RankMetricsLogger, loggers_for
+from lightning_ext._per_rank.sinks import sinks_for
 from lightning_ext._preemption.stop import resolve_preemption_policy
 from lightning_ext._setup import checks as setup_checks
 from lightning_ext._stall.monitor import StallOptions
@@ -125,7 +125,7 @@ class PolicyStrategyMixin(CollectiveSeams, _Strategy):
             raise TypeError(f"per_rank_metrics must be a bool or PerRankMetrics, got {type(per_rank_metrics).__name__}")
         self._per_rank_metrics = PerRankMetrics() if per_rank_metrics is True else (per_rank_metrics or None)
         self._run_log_dir: str | None = None
-        self.rank_metrics_logger: RankCSVLogger | None = None
+        self.rank_metrics_logger: RankMetricsLogger | None = None
         self._telemetry: Telemetry | None = None
         self._step_timer: step_timer.StepTimer | None = None  # times the phases below while telemetry is on
         self._gradient_wait: step_timer.GradientWait | None = None  # and the wait at the end of each backward pass
@@ -224,8 +224,8 @@ class PolicyStrategyMixin(CollectiveSeams, _Strategy):
         self._hang_guard.watch_backward_passes(self)
         if self._per_rank_metrics is None or self._run_log_dir is None:
             return
-        events = event_files_for(trainer, self._run_log_dir, self._rank(), self._per_rank_metrics)
-        self.rank_metrics_logger = RankCSVLogger(self._run_log_dir, self._rank(), self._per_rank_metrics, events)
+        sinks = sinks_for(trainer, self._rank(), self._per_rank_metrics, self._main_runs)
+        self.rank_metrics_logger = RankMetricsLogger(self._run_log_dir, self._rank(), self._per_rank_metrics, sinks)
         local_values.start_capture(self._rank())
         if trainer.loggers:  # a member for the run, so it also gets what callbacks send to every logger
             trainer.loggers = [*trainer.loggers, self.rank_metrics_logger]
@@ -360,7 +360,7 @@ class PolicyStrategyMixin(CollectiveSeams, _Strategy):
         invalid = invalid_policies(*policies, world_size=self.world_size)
         trainer, ranks = self._trainer(), RankGroup.from_strategy(self)
         agreed = agree(trainer, ranks, options, invalid, self._per_rank_metrics is not None, self._decision_record)
-        self._run_log_dir = agreed.log_dir
+        self._run_log_dir, self._main_runs = agreed.log_dir, agreed.runs  # main runs: MLflow's, W&B's (rank 0's)
         if ranks.rank == 0 and agreed.record_dir is not None:  # the run's id: its namespace's
             self.decision_file = DecisionFile(agreed.record_dir, agreed.namespace.split("/")[1][:12])
         return agreed.namespace, agreed.peers
