@@ -262,7 +262,7 @@ class HangGuard:
         error = errors.RankSignalledError(signalled_message(watchdog.rank, text))
         if self.lockstep is not None:
             self.lockstep.fail_alone(error)
-        self._safe_flush()  # the stall report's watchdog alone: the same report to every rank
+        self._safe_flush()  # no checks: posted through the stall report's watchdog, the same error on every rank
         raise_record(watchdog.post(record_of(error, watchdog.rank, joint=False, recorder=self.recorder)), cause=error)
 
     def _on_posted(self) -> None:
