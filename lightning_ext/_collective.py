@@ -4,7 +4,6 @@ import contextlib
 import pickle
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -30,7 +29,6 @@ __all__ = [
     "is_gloo",
     "is_initialized",
     "is_world",
-    "lightning_barrier_skipped",
     "release_store_clients",
     "store_client",
     "training_timeout",
@@ -356,26 +354,6 @@ def training_timeout() -> timedelta:
             timeout: timedelta = group._get_backend(torch.device(device)).options._timeout
             return timeout
     return _STORE_TIMEOUT
-
-
-@contextlib.contextmanager
-def lightning_barrier_skipped() -> Iterator[None]:
-    """Within the block, ``torch.distributed.barrier`` does nothing.
-
-    Lightning's ``_sync_ddp`` runs a barrier before each all-reduce; a lightning-ext check has just lined the ranks up
-    at the same call, so that barrier would only add a collective. The all-reduce itself still runs, as Lightning
-    runs it.
-    """
-    barrier = dist.barrier
-    dist.barrier = _no_barrier
-    try:
-        yield
-    finally:
-        dist.barrier = barrier
-
-
-def _no_barrier(*args: Any, **kwargs: Any) -> None:
-    return None
 
 
 def abort_process_groups() -> None:

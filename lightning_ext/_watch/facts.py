@@ -20,7 +20,7 @@ from lightning_ext._watch.progress import progress_of
 from lightning_ext._watch.rank_facts import WORLD, Call, Facts
 from lightning_ext._watch.sites import called_as, user_site
 
-__all__ = ["COUNTED", "Recorder", "SignalConsumer", "make_call"]
+__all__ = ["COUNTED", "Recorder", "SignalConsumer", "barrier_skipped_now", "make_call"]
 
 # the torch.distributed collectives whose calls are counted (point-to-point calls are not: they are not symmetric)
 COUNTED = (
@@ -72,9 +72,8 @@ class Recorder:
         self._busy = 0  # checkpoint writes and loads under way
         self._groups: dict[int, tuple[Any, str]] = {}
         self._depth = 0
-        self.checked = (
-            False  # the training thread is in a call that a check has just lined up: it cannot be the odd one
-        )
+        self.checked = False  # the training thread is in a call that a check has just lined up: not the odd one
+        self.lined_up = False  # the training thread's barrier calls do nothing now (see ``barrier_skipped``)
         self._originals: dict[str, Callable[..., Any]] = {}
         self._signal_handlers: dict[int, _SignalNote] = {}
         # set by the owner: what a signal means for the run; it may return what runs instead of the replaced handler
@@ -144,6 +143,21 @@ class Recorder:
         finally:
             self._backward = None
         self.backwards += 1
+
+    @contextlib.contextmanager
+    def barrier_skipped(self, checked: bool) -> Iterator[None]:
+        """Within the block, the training thread's ``torch.distributed.barrier`` calls return at once, uncounted.
+
+        The ranks are lined up already (a check, or the coalesced sync's pack on every rank at the same hook end), so
+        the barrier Lightning's ``_sync_ddp`` runs before its all-reduce would only add a collective. The counting
+        wrapper skips it for the training thread only: another thread's barrier runs. ``checked``: a check lined the
+        ranks up, so the calls inside are not the odd ones out.
+        """
+        self.lined_up, self.checked = True, checked
+        try:
+            yield
+        finally:
+            self.lined_up = self.checked = False
 
     @contextlib.contextmanager
     def busy(self) -> Iterator[None]:
@@ -228,6 +242,11 @@ class _SignalNote:
         self.recorder, self.name, self.previous = recorder, name, previous
         self.consumer: SignalConsumer | None = None
 
+    @property
+    def signal_handlers(self) -> list[Any]:
+        """The handler it runs after its note, as a compose holds its handlers (a later run's stop walks into it)."""
+        return [self.previous]
+
     def __call__(self, number: int, frame: FrameType | None) -> Any:
         recorder = self.recorder
         if recorder.signal is None:
@@ -259,11 +278,15 @@ def _counted(function: Callable[..., Any], name: str) -> Callable[..., Any]:
     except (ValueError, TypeError):
         position = -1
 
+    skippable = name == "barrier"
+
     @functools.wraps(function)
     def counted(*args: Any, **kwargs: Any) -> Any:
         recorder = _ACTIVE
         if recorder is None or recorder._depth or threading.get_ident() != recorder.thread:
             return function(*args, **kwargs)
+        if skippable and recorder.lined_up:  # Lightning's barrier before an all-reduce of ranks already lined up
+            return None
         group = kwargs.get("group", args[position] if 0 <= position < len(args) else None)
         key = recorder._group_key(group)
         if key is None:
@@ -284,6 +307,12 @@ def _counted(function: Callable[..., Any], name: str) -> Callable[..., Any]:
 
     setattr(counted, _MARK, True)
     return counted
+
+
+def barrier_skipped_now() -> bool:
+    """Whether a ``torch.distributed.barrier`` that this thread calls now returns at once (``barrier_skipped``)."""
+    recorder = _ACTIVE
+    return bool(recorder is not None and recorder.lined_up and threading.get_ident() == recorder.thread)
 
 
 def make_call(group: str, index: int, name: str, caller: FrameType) -> Call:
