@@ -4,7 +4,6 @@ import contextlib
 import pickle
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -17,6 +16,7 @@ from torch._C._distributed_c10d import PrefixStore, TCPStore
 from lightning_ext._exchange_rounds import CARRY_BYTES, COMBINE, TAKE, Carried, exchange_partners, roles
 
 __all__ = [
+    "STORE_ERRORS",
     "CheckChannel",
     "CheckExchange",
     "RankGroup",
@@ -29,7 +29,6 @@ __all__ = [
     "is_gloo",
     "is_initialized",
     "is_world",
-    "lightning_barrier_skipped",
     "release_store_clients",
     "store_client",
     "training_timeout",
@@ -37,6 +36,9 @@ __all__ = [
 ]
 
 _STORE_TIMEOUT = timedelta(minutes=30)
+# what a store raises when it is gone (its server's process ended) or a wait times out: torch.distributed's
+# DistNetworkError and DistStoreError, RuntimeErrors, as is an operation a store lacks (NotImplementedError)
+STORE_ERRORS: tuple[type[Exception], ...] = (RuntimeError,)
 _GATHER_TIMEOUT = timedelta(seconds=60)
 _ALL_TO_ALL = dist.AllToAllOptions()
 _SLOTS = 2 + CARRY_BYTES // 8  # int64 slots of one rank's half of a round's message: (low, high), then the carried
@@ -347,30 +349,11 @@ def training_timeout() -> timedelta:
     """The default process group's timeout (what ends a stuck collective of the training group), else 30 minutes."""
     group = dist.distributed_c10d._get_default_group()
     for device in ("cpu", "cuda"):
-        with contextlib.suppress(Exception):
+        # no backend for that device (RuntimeError), or a backend whose options do not say (private API)
+        with contextlib.suppress(RuntimeError, AttributeError):
             timeout: timedelta = group._get_backend(torch.device(device)).options._timeout
             return timeout
     return _STORE_TIMEOUT
-
-
-@contextlib.contextmanager
-def lightning_barrier_skipped() -> Iterator[None]:
-    """Within the block, ``torch.distributed.barrier`` does nothing.
-
-    Lightning's ``_sync_ddp`` runs a barrier before each all-reduce; a lightning-ext check has just lined the ranks up
-    at the same call, so that barrier would only add a collective. The all-reduce itself still runs, as Lightning
-    runs it.
-    """
-    barrier = dist.barrier
-    dist.barrier = _no_barrier
-    try:
-        yield
-    finally:
-        dist.barrier = barrier
-
-
-def _no_barrier(*args: Any, **kwargs: Any) -> None:
-    return None
 
 
 def abort_process_groups() -> None:
@@ -380,7 +363,8 @@ def abort_process_groups() -> None:
     leave the group unusable for a later run in the same process.
     """
     if is_initialized() and dist.get_backend() != "gloo":
-        with contextlib.suppress(Exception):
+        # a torch without the (private) abort, or a backend that cannot: its collectives then fail at its timeout
+        with contextlib.suppress(AttributeError, RuntimeError):
             dist.distributed_c10d._abort_process_group()
 
 

@@ -23,6 +23,7 @@ __all__ = [
     "SeriesNotApplicableError",
     "StallError",
     "UnevenBatchesError",
+    "UnsyncedReadWarning",
 ]
 
 
@@ -74,6 +75,12 @@ class StallError(CrossRankError):
 
 class DataLoaderSetupError(CrossRankError):
     """A dataloader would fail at its first batch (a generator on another device, ``fit`` inside ``init_module``)."""
+
+
+class UnsyncedReadWarning(UserWarning):
+    """A value logged with ``sync_dist=True`` was read inside the hook that logged it, before it synced: this rank's
+    own value, where stock Lightning gives the synced one. The first line names the key, the file and line, what stock
+    gives there and the fix (read it after the hook, or ``log_sync="per_value"``); warned once per line."""
 
 
 class InitModuleWarning(UserWarning):

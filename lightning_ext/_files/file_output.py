@@ -4,7 +4,6 @@ Every per-rank sink (the CSV file, TensorBoard's events, MLflow's and W&B's runs
 :class:`Output`; the files add their storage, the registry of the files written here and the incomplete-marker's life.
 """
 
-import contextlib
 import sys
 import warnings
 from collections.abc import Callable
@@ -19,7 +18,7 @@ from lightning_ext._files.markers import (
     write_marker,
 )
 from lightning_ext._files.parted_file import PartedFile
-from lightning_ext._files.storage import LocalFile, join, split_location, write_whole
+from lightning_ext._files.storage import LocalFile, guarded, join, split_location, write_whole
 
 __all__ = ["FileOutput", "Output", "storage_for"]
 
@@ -69,7 +68,7 @@ class Output:
             return
         self.stopped = True
         _STOPPED_HERE.add(self.key)
-        with contextlib.suppress(Exception):
+        with guarded():  # what can be kept is kept; the error to report is the one that stopped the output
             release()
         reason = f"{type(error).__name__}: {error} (while {doing})"
         warnings.warn(f"{self._owner} stopped: {reason}. {kept(reason)}. {self._aftermath}", self._warning, stacklevel)
@@ -132,7 +131,7 @@ class FileOutput(Output):
 
         def kept(reason: str) -> str:
             rows, last_step = written()
-            try:
+            with guarded() as failure:
                 marker = write_marker(
                     self.log_dir,
                     self.filename,
@@ -144,8 +143,8 @@ class FileOutput(Output):
                     kind=self._marker_format,
                 )
                 recorded = f"is marked incomplete in {marker}"
-            except Exception as marker_error:
-                recorded = f"could not be marked incomplete either ({type(marker_error).__name__}: {marker_error})"
+            if failure.error is not None:
+                recorded = f"could not be marked incomplete either ({type(failure.error).__name__}: {failure.error})"
             return f"{self.path} keeps the {rows} {self._unit} written so far and {recorded}"
 
         self.step_aside(error, doing, kept, release, stacklevel=5)

@@ -2,11 +2,11 @@
 failure; the file every rank always writes (``docs/per-rank-metrics.md``)."""
 
 import atexit
-import contextlib
 from collections.abc import Mapping
 
 from lightning_ext._files.csv_format import TELEMETRY
 from lightning_ext._files.file_output import FileOutput
+from lightning_ext._files.storage import guarded
 from lightning_ext._per_rank.writer import PerRankMetrics, RankMetricsWriter
 from lightning_ext.errors import RankMetricsWarning
 
@@ -78,33 +78,33 @@ class RankCSVFile:
             return
         writer = self._writer
         doing = "opening the file" if writer is None else "writing a row"
-        try:
+        with guarded() as failure:
             if writer is None:
                 writer = self.writer
                 doing = "writing a row"
             writer.log_metrics(row, step)
-        except Exception as error:
-            self.stop(error, doing)
+        if failure.error is not None:
+            self.stop(failure.error, doing)
 
     def log_telemetry(self, row: Mapping[str, float], step: int) -> None:
         """Write one telemetry row (its ``telemetry/*`` columns as they are)."""
         if self.stopped:
             return
-        try:
+        with guarded() as failure:
             writer = self._writer if self._writer is not None else self.writer
             writer.log_columns(row, step)
-        except Exception as error:
-            self.stop(error, "writing a telemetry row")
+        if failure.error is not None:
+            self.stop(failure.error, "writing a telemetry row")
 
     def flush(self) -> None:
         """Write the buffered rows now, if the file was opened."""
         writer = _OPEN_WRITERS.get(self.path)
         if writer is None or self.stopped:
             return
-        try:
+        with guarded() as failure:
             writer.flush()
-        except Exception as error:
-            self.stop(error, "writing rows")
+        if failure.error is not None:
+            self.stop(failure.error, "writing rows")
 
     def close(self, failed: bool = False) -> None:
         """Flush, sync and close the file (the end of every stage)."""
@@ -112,11 +112,11 @@ class RankCSVFile:
         self._writer = None
         if writer is None or self.stopped:
             return
-        try:
+        with guarded() as failure:
             writer.close()
-        except Exception as error:
+        if failure.error is not None:
             _OPEN_WRITERS[self.path] = writer  # so that stop reports its rows
-            self.stop(error, "closing the file")
+            self.stop(failure.error, "closing the file")
 
     def abandon(self) -> None:
         """The CSV file is never abandoned: a failure of the local values stops it with :meth:`stop`."""
@@ -136,6 +136,6 @@ class RankCSVFile:
 @atexit.register
 def _close_writers() -> None:
     for writer in _OPEN_WRITERS.values():
-        with contextlib.suppress(Exception):
+        with guarded():  # at exit: each file closed as far as it can be, none in the way of the others
             writer.close()
     _OPEN_WRITERS.clear()

@@ -8,6 +8,7 @@ from lightning.pytorch.loggers import Logger
 from torch import Tensor
 from typing_extensions import override
 
+from lightning_ext._files.storage import guarded
 from lightning_ext._per_rank import local_values
 from lightning_ext._per_rank.csv_file import RankCSVFile
 from lightning_ext._per_rank.local_values import OMITTED, local_values_for
@@ -105,7 +106,7 @@ class RankMetricsLogger(Logger):
         """Remember the local counterparts of the synced values the connector is about to log."""
         if not self._live:
             return
-        try:
+        with guarded() as failure:
             error = local_values.capture_error()
             if error is not None:
                 self._values_failed(error, "capturing a local value")
@@ -120,9 +121,9 @@ class RankMetricsLogger(Logger):
                 self._results = (state.fn, state.stage, results)
             on_step = trainer._logger_connector._first_loop_iter is not None  # as _LoggerConnector.metrics decides
             self._pending = local_values_for(results, on_step, metrics)
-        except Exception as error:
+        if failure.error is not None:
             self._pending = _NOTHING
-            self._values_failed(error, "computing a local value")
+            self._values_failed(failure.error, "computing a local value")
 
     @override
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
@@ -130,7 +131,11 @@ class RankMetricsLogger(Logger):
         if not live:
             return
         pending, self._pending = self._pending, _NOTHING
-        try:
+        if step is None:  # the trainer always passes it
+            error = ValueError("RankMetricsLogger needs the step of every row (the trainer always passes it)")
+            self._values_failed(error, "reading the local values")
+            return
+        with guarded() as failure:
             row = metrics
             if pending:
                 row = dict(metrics)
@@ -140,10 +145,8 @@ class RankMetricsLogger(Logger):
                             del row[key]
                         else:
                             row[key] = local.item() if isinstance(local, Tensor) else local
-            if step is None:
-                raise ValueError("RankMetricsLogger needs the step of every row (the trainer always passes it)")
-        except Exception as error:
-            self._values_failed(error, "reading the local values")
+        if failure.error is not None:
+            self._values_failed(failure.error, "reading the local values")
             return
         for sink in live:
             sink.log_row(row, step)

@@ -4,7 +4,6 @@ The same keys (the logger's prefix, its character rule), steps and tracking URI 
 (every ``flush_every_n_rows`` rows or :data:`WRITE_EVERY_S` seconds, and at each stage's end). See the per-rank docs.
 """
 
-import contextlib
 import re
 import time
 from collections.abc import Callable, Mapping
@@ -13,6 +12,7 @@ from typing import Any
 from lightning.pytorch.loggers import MLFlowLogger
 
 from lightning_ext._files.file_output import Output
+from lightning_ext._files.storage import guarded
 from lightning_ext._per_rank.rank_sink import Identity, main_run, metric_key, sink_output, telemetry_values
 from lightning_ext._per_rank.writer import PerRankMetrics
 
@@ -43,11 +43,13 @@ def sink_for(logger: MLFlowLogger, rank: int, options: PerRankMetrics, main: Ide
     if output.stopped:  # it failed earlier in this process, and said so then
         return None
     nothing = "No per-rank MLflow run is made on this rank"
-    try:
+    with guarded() as failure:  # the optional package: absent (ImportError), or a broken install
         from mlflow.entities import Metric
         from mlflow.tracking import MlflowClient
-    except Exception as error:  # ImportError, or a broken install
-        output.step_aside(error, "loading mlflow", lambda _: f"{nothing}; `pip install 'lightning-ext[mlflow]'`")
+    if failure.error is not None:
+        output.step_aside(
+            failure.error, "loading mlflow", lambda _: f"{nothing}; `pip install 'lightning-ext[mlflow]'`"
+        )
         return None
     try:
         main = main_run(main)
@@ -91,15 +93,15 @@ class RankMlflowRun:
         """Find or make the child run (at set-up: one request, or two when the parent run was resumed)."""
         main, rank = self._main, self._rank
         key = (main["tracking_uri"], main["run_id"], rank)
-        try:
+        with guarded() as failure:
             run_id = _CHILDREN.get(key) or (self._find() if main["resumed"] else None)
             if run_id is None:
                 tags = {PARENT_TAG: main["run_id"], "rank": str(rank)}
                 made = self._client.create_run(main["experiment_id"], run_name=f"rank_{rank}", tags=tags)
                 run_id = made.info.run_id
             _CHILDREN[key] = self.run_id = run_id
-        except Exception as error:
-            self._stop(error, "making the child run")
+        if failure.error is not None:
+            self._stop(failure.error, "making the child run")
 
     def log_row(self, row: Mapping[str, float], step: int) -> None:
         """Queue the row's values at ``step``; send the queue when it is due."""
@@ -112,25 +114,25 @@ class RankMlflowRun:
     def flush(self) -> None:
         """Send the queued values now."""
         if not self.stopped and self._pending:
-            try:
+            with guarded() as failure:
                 self._send()
-            except Exception as error:
-                self._stop(error, "sending rows")
+            if failure.error is not None:
+                self._stop(failure.error, "sending rows")
 
     def close(self, failed: bool) -> None:
         """Send the queue and mark the child run ended (``FAILED`` if the stage raised); a later stage logs to it."""
         self.flush()
         if self.stopped or self.run_id is None:
             return
-        try:
+        with guarded() as failure:
             self._client.set_terminated(self.run_id, "FAILED" if failed else "FINISHED")
-        except Exception as error:
-            self._stop(error, "ending the child run")
+        if failure.error is not None:
+            self._stop(failure.error, "ending the child run")
 
     def abandon(self) -> None:
         """Write nothing more (the values queued so far are local values: they are sent)."""
         if not self.stopped and self.run_id is not None:
-            with contextlib.suppress(Exception):  # the CSV file's warning says that this rank's output stopped
+            with guarded():  # the CSV file's warning says that this rank's output stopped
                 self._send()
                 self._client.set_terminated(self.run_id, "FAILED")
         self.stopped = True
@@ -144,15 +146,15 @@ class RankMlflowRun:
     def _queue(self, values: Mapping[str, float], step: int, key: Callable[[str], str]) -> None:
         if self.stopped:
             return
-        try:
+        with guarded() as failure:
             stamp = int(time.time() * 1000)
             metric = self._metric
             self._pending += [metric(key(name), float(value), stamp, step) for name, value in values.items()]
             self._rows += 1
             if self._rows >= self.flush_every_n_rows or time.monotonic() - self._sent_at >= WRITE_EVERY_S:
                 self._send()
-        except Exception as error:
-            self._stop(error, "sending rows")
+        if failure.error is not None:
+            self._stop(failure.error, "sending rows")
 
     def _send(self) -> None:
         pending, self._pending, self._rows, self._sent_at = self._pending, [], 0, time.monotonic()

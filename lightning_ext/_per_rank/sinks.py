@@ -6,6 +6,7 @@ from typing import Any
 
 from lightning.pytorch.loggers import MLFlowLogger, TensorBoardLogger, WandbLogger
 
+from lightning_ext._files.storage import guarded
 from lightning_ext._per_rank import mlflow_runs, tensorboard_files, wandb_runs
 from lightning_ext._per_rank.rank_sink import Identity, RankSink
 from lightning_ext._per_rank.writer import PerRankMetrics
@@ -25,10 +26,10 @@ def run_identities(trainer: Any) -> list[Identity | None]:
     for index, logger in sorted(loggers, key=lambda pair: not isinstance(pair[1], WandbLogger)):
         identity = _identity_of(logger)
         if identity is not None:
-            try:
+            with guarded() as failure:
                 found[index] = identity(logger)
-            except Exception as error:
-                found[index] = {"error": f"{type(error).__name__}: {error}"}
+            if failure.error is not None:
+                found[index] = {"error": f"{type(failure.error).__name__}: {failure.error}"}
     return found
 
 

@@ -9,12 +9,12 @@ import importlib
 import posixpath
 import struct
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from lightning.fabric.loggers.tensorboard import _TENSORBOARD_AVAILABLE
 from lightning.pytorch.loggers import TensorBoardLogger
 
-from lightning_ext._files.storage import glob_escape, join, split_location, write_whole
+from lightning_ext._files.storage import glob_escape, guarded, join, split_location, write_whole
 from lightning_ext._per_rank.rank_sink import metric_key, sink_output, telemetry_values
 from lightning_ext._per_rank.writer import PerRankMetrics
 
@@ -84,15 +84,15 @@ class RankEventFiles:
         self._telemetry = telemetry
         self._writer: Any = None
         self._file_writer: Any = None
-        self._classes: tuple[Any, Any, Any] = (None, None, None)  # the writer's, its Event's and its Summary's
+        self._classes: _WriterClasses | None = None
         self.resume_from_step: int | None = None
         self._output = sink_output(self.directory, f"Per-rank TensorBoard events of rank {rank}")
         self.stopped = self._output.stopped
         if not self.stopped:
-            try:
+            with guarded() as failure:
                 self._classes = _writer_classes()  # imported at set-up, not in the first training step
-            except Exception as error:
-                self._stop(error, "loading TensorBoard's writer")
+            if failure.error is not None:
+                self._stop(failure.error, "loading TensorBoard's writer")
 
     def log_row(self, row: Mapping[str, float], step: int) -> None:
         """Write one logged row (a per-rank CSV row: this rank's local values, by name) as one event at ``step``."""
@@ -106,19 +106,19 @@ class RankEventFiles:
     def flush(self) -> None:
         """Wait until the events handed to the writer are in the file."""
         if self._file_writer is not None and not self.stopped:
-            try:
+            with guarded() as failure:
                 self._file_writer.flush()
-            except Exception as error:
-                self._stop(error, "writing events")
+            if failure.error is not None:
+                self._stop(failure.error, "writing events")
 
     def close(self, failed: bool = False) -> None:
         """Flush and close the event file (the end of each stage); a later row opens a new one."""
         writer, self._writer, self._file_writer = self._writer, None, None
         if writer is not None and not self.stopped:
-            try:
+            with guarded() as failure:
                 writer.close()
-            except Exception as error:
-                self._stop(error, "closing the event file")
+            if failure.error is not None:
+                self._stop(failure.error, "closing the event file")
 
     def abandon(self) -> None:
         """Close the event file and write nothing more."""
@@ -126,25 +126,24 @@ class RankEventFiles:
         self.stopped = True
 
     def _write(self, values: Any, step: int) -> None:
-        if self.stopped:
+        classes = self._classes
+        if self.stopped or classes is None:  # no classes: stopped at set-up
             return
         doing = "opening the event file"
-        try:
+        with guarded() as failure:
             if self._file_writer is None:
-                self._open(self.resume_from_step)
+                self._open(self.resume_from_step, classes)
             doing = "writing a row"
-            summary = self._classes[2]
-            scalars = [summary.Value(tag=tag, simple_value=float(value)) for tag, value in values]
+            scalars = [classes.summary.Value(tag=tag, simple_value=float(value)) for tag, value in values]
             if scalars:
-                self._file_writer.add_summary(summary(value=scalars), step)
-        except Exception as error:
-            self._stop(error, doing)
+                self._file_writer.add_summary(classes.summary(value=scalars), step)
+        if failure.error is not None:
+            self._stop(failure.error, doing)
 
-    def _open(self, resumed_from: int | None) -> None:
-        writer_class, event_class, _ = self._classes
+    def _open(self, resumed_from: int | None, classes: "_WriterClasses") -> None:
         if resumed_from is not None:
-            self._drop_events_after(resumed_from, event_class)
-        self._writer = writer_class(log_dir=self.directory, **self._writer_options)
+            self._drop_events_after(resumed_from, classes.event)
+        self._writer = classes.writer(log_dir=self.directory, **self._writer_options)
         self._file_writer = self._writer._get_file_writer()  # as Lightning's log_hyperparams reaches it
 
     def _drop_events_after(self, step: int, event_class: Any) -> None:
@@ -169,10 +168,18 @@ class RankEventFiles:
         self._output.step_aside(error, doing, lambda _: f"{self.directory} keeps the events written so far", release)
 
 
-def _writer_classes() -> tuple[Any, Any, Any]:
+class _WriterClasses(NamedTuple):
+    """TensorBoard's classes, imported at set-up (not in the first training step)."""
+
+    writer: Any  # the SummaryWriter class that TensorBoardLogger uses
+    event: Any  # its package's Event, to read back the events of a resumed run
+    summary: Any  # its package's Summary, one per written row
+
+
+def _writer_classes() -> _WriterClasses:
     """The ``SummaryWriter`` class that ``TensorBoardLogger`` uses, and its package's ``Event`` and ``Summary``."""
     writer, protos = _WRITERS[bool(_TENSORBOARD_AVAILABLE)]
-    return (
+    return _WriterClasses(
         importlib.import_module(writer).SummaryWriter,
         importlib.import_module(f"{protos}.event_pb2").Event,
         importlib.import_module(f"{protos}.summary_pb2").Summary,
@@ -191,6 +198,8 @@ def events_up_to(data: bytes, step: int, event_class: Any) -> bytes | None:
         event_class: the ``Event`` protobuf class of the writer's package.
 
     """
+    # protobuf's (both TensorBoard writers' events are protobuf messages), imported with the writer's classes
+    decode_error = importlib.import_module("google.protobuf.message").DecodeError
     kept, position, dropped = [], 0, False
     while position + _HEADER.size <= len(data):
         length = _HEADER.unpack_from(data, position)[0]
@@ -199,7 +208,7 @@ def events_up_to(data: bytes, step: int, event_class: Any) -> bytes | None:
             break
         try:
             event = event_class.FromString(data[start : start + length])
-        except Exception:  # whatever the protobuf runtime raises: the rest cannot be trusted
+        except decode_error:  # a record that does not parse: the rest cannot be trusted
             break
         if event.step <= step:
             kept.append(data[position:end])

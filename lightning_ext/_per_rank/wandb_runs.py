@@ -13,6 +13,7 @@ from typing import Any
 from lightning.pytorch.loggers import WandbLogger
 
 from lightning_ext._files.file_output import Output
+from lightning_ext._files.storage import guarded
 from lightning_ext._per_rank.rank_sink import Identity, main_run, metric_key, sink_output, telemetry_values
 from lightning_ext._per_rank.writer import PerRankMetrics
 
@@ -55,10 +56,11 @@ def sink_for(logger: WandbLogger, rank: int, options: PerRankMetrics, main: Iden
     if output.stopped:  # it failed earlier in this process, and said so then
         return None
     nothing = "No per-rank W&B run is made on this rank"
-    try:
+    with guarded() as failure:  # the optional package: absent (ImportError), or a broken install
         import wandb
-    except Exception as error:  # ImportError, or a broken install
-        output.step_aside(error, "loading wandb", lambda _: f"{nothing}; `pip install 'lightning-ext[wandb]'`")
+    if failure.error is not None:
+        hint = f"{nothing}; `pip install 'lightning-ext[wandb]'`"
+        output.step_aside(failure.error, "loading wandb", lambda _: hint)
         return None
     try:
         main = main_run(main)
@@ -95,7 +97,7 @@ class RankWandbRun:
     def open(self, wandb: Any) -> None:
         """Start (or, for a resumed main run, resume) this rank's run: at set-up, outside the training steps."""
         main, rank = self._main, self._rank
-        try:
+        with guarded() as failure:
             self.run = wandb.init(
                 project=main["project"] or None,
                 entity=main["entity"] or None,
@@ -113,8 +115,8 @@ class RankWandbRun:
             self.run.define_metric(STEP_KEY)  # the logger's step axis, as WandbLogger defines it
             self.run.define_metric("*", step_metric=STEP_KEY, step_sync=True)
             self._sender = _Sender(self.run.log, self._rank)
-        except Exception as error:
-            self._stop(error, "starting the run")
+        if failure.error is not None:
+            self._stop(failure.error, "starting the run")
 
     def log_row(self, row: Mapping[str, float], step: int) -> None:
         """Log the row's values at ``step``: W&B's client hands them to its own process, which sends them."""
@@ -164,12 +166,12 @@ class RankWandbRun:
         self.flush()
         if self.stopped or self.run is None:
             return
-        try:
+        with guarded() as failure:
             if self._sender is not None:
                 self._sender.end()
             self.run.finish(exit_code=1 if failed else 0)
-        except Exception as error:
-            self._stop(error, "finishing the run")
+        if failure.error is not None:
+            self._stop(failure.error, "finishing the run")
             return
         self._sender = self.run = None
 
@@ -178,7 +180,7 @@ class RankWandbRun:
         sender, self._sender = self._sender, None
         run, self.run = self.run, None
         if run is not None and not self.stopped:
-            with contextlib.suppress(Exception):  # the CSV file's warning says that this rank's output stopped
+            with guarded():  # the CSV file's warning says that this rank's output stopped
                 if sender is not None:
                     sender.end()
                 run.finish(exit_code=1)

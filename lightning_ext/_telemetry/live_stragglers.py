@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 import pandas as pd
 
+from lightning_ext._collective import STORE_ERRORS
 from lightning_ext._summaries.straggler_format import duration, step_ranges
 from lightning_ext._summaries.stragglers import rank_times, verdict
 from lightning_ext._telemetry.telemetry import Telemetry, WindowRow
@@ -105,7 +106,7 @@ class StragglerWatch:
             self._idle.clear()
             try:
                 self._mailbox.notify(0, CHECK)
-            except Exception:  # the store is gone (the run is ending): no check
+            except STORE_ERRORS:  # the store is gone (the run is ending): no check
                 self._idle.set()
 
     def _give_warnings(self) -> None:

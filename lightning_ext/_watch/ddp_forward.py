@@ -32,14 +32,10 @@ def forward_syncs(ddp: Any, synced_backwards: int) -> tuple[str, ...]:
       with a buffer communication hook, whose communication is the user's.
 
     Neither with ``_delay_all_reduce_all_params`` or the Python reducer (compiled autograd): ``_pre_forward`` returns
-    before them. Only a model on the default group (every rank) is considered, and a torch whose DDP lacks one of these
-    attributes gets nothing: the pass is not recorded.
+    before them: :func:`watch` leaves such a model alone, as it does one on a group of some ranks. A torch whose DDP
+    lacks one of these attributes gets nothing: the pass is not recorded. Called at each forward pass: a few attribute
+    reads, the cheapest first.
     """
-    return _syncs(ddp, synced_backwards) if _considered(ddp) else ()
-
-
-def _syncs(ddp: Any, synced_backwards: int) -> tuple[str, ...]:
-    """:func:`forward_syncs` for a model :func:`_considered` (at each forward pass: a few attribute reads)."""
     try:
         rebuild = (
             not ddp._has_rebuilt_buckets  # first: after the rebuild, the rest is not read
@@ -77,7 +73,7 @@ class _Watched:
         ddp, recorder = self.ddp(), self.recorder
         assert ddp is not None  # the module calls its own attribute
         armed = self.armed_at
-        syncs = _syncs(ddp, recorder.backwards - armed if self.trusted and armed is not None else 0)
+        syncs = forward_syncs(ddp, recorder.backwards - armed if self.trusted and armed is not None else 0)
         if armed is None and torch.is_grad_enabled() and ddp.require_backward_grad_sync:
             self.armed_at = recorder.backwards  # this pass prepares the reducer for a backward pass with sync
         if not syncs:
@@ -90,8 +86,8 @@ class _Watched:
 
 
 def watch(ddp: Any, recorder: Recorder) -> None:
-    """Record ``ddp``'s forward passes that broadcast (a DDP module :func:`forward_syncs` considers; anything else is
-    left alone; idempotent)."""
+    """Record ``ddp``'s forward passes that broadcast (a DDP module on the default group, with the C++ reducer;
+    anything else is left alone; idempotent)."""
     if (
         isinstance(ddp, DistributedDataParallel)
         and _considered(ddp)

@@ -18,7 +18,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from lightning_ext._watch import ddp_forward
-from lightning_ext._watch.facts import Facts, Recorder
+from lightning_ext._watch.facts import Recorder
+from lightning_ext._watch.rank_facts import Facts
 
 STEPS = ("step", "accumulate", "eval")
 PROBES = ("grad", "no_grad", "no_sync")

@@ -39,6 +39,12 @@ def stores(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _fit(pool: Any, root: Path, loggers: list[str], **options: Any) -> list[dict[str, Any]]:
+    if "mlflow" in loggers:
+        # MLflow's file store writes its default experiment when first opened, and ranks that open a new store at once
+        # race on that file (stock Lightning alike: every rank builds its MLFlowLogger's client): opened here first
+        from mlflow.tracking import MlflowClient
+
+        MlflowClient(f"file:{root}/mlruns")
     results = pool.run("tests.helpers.logger_sink_tasks:fit", (str(root), loggers), timeout=240, **options)
     assert [r["status"] for r in results] == ["finished"] * WORLD  # training went on everywhere
     return results
