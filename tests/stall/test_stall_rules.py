@@ -196,6 +196,15 @@ def test_a_wait_is_worded_one_way_in_the_summary_and_the_sections_and_the_group_
     assert " world" not in text
 
 
+def test_a_rank_waiting_in_a_check_is_worded_with_what_the_check_stands_before() -> None:
+    """A rank in a lightning-ext check waits there for the rank behind (the check's description, not its number)."""
+    facts = Facts(0, check=(5, "a synced log of 'loss'"), checks=4, progress=TRAINING)
+    waiting = RankReport(0, facts=facts, waiting=("check", 130.0), since_progress=130.0)
+    text, behind = summarize([waiting, computing(1, 131.0)])
+    assert behind == [1]
+    assert "rank 0 waits for it in lightning-ext's check before a synced log of 'loss' for 130 s" in text
+
+
 def test_a_report_that_cannot_be_written_warns_and_steps_aside(tmp_path: Path) -> None:
     not_a_directory = tmp_path / "file"
     not_a_directory.write_text("")
