@@ -14,6 +14,7 @@ from typing import Any
 
 from lightning_ext._checks.points import Point
 from lightning_ext._watch.rank_facts import Call, Facts
+from lightning_ext._watch.rank_text import broadcasts_text
 
 __all__ = ["Stand", "blocked_stand", "culprits", "extra_call_stands", "split_keys", "stand_at"]
 
@@ -27,7 +28,8 @@ class Stand:
         kind: ``"log"`` (a step value's sync), ``"step_logs"`` (a hook's step values, synced together when it
             returns), ``"epoch_logs"`` (an epoch-end sync round), ``"collective"`` (a checked
             collective call), ``"call"`` (inside a counted ``torch.distributed`` call), ``"backward"`` (DDP's gradient
-            all-reduce), or the kind of another check (``"end"``, ``"loaders"``, ``"batch"``).
+            all-reduce), ``"forward"`` (DDP's broadcast before its module runs), or the kind of another check
+            (``"end"``, ``"loaders"``, ``"batch"``).
         call: the call, in a few words (``self.log('acc', sync_dist=True)``, ``strategy.barrier('x')``).
         where: what the rank is at, for a detail line.
         site: the user's line that makes the call, or ``None`` where Lightning's own flow makes it.
@@ -118,10 +120,14 @@ def stand_at(rank: int, point: Point, facts: Facts | None) -> Stand:
 
 
 def blocked_stand(facts: Facts) -> Stand:
-    """A rank that never arrived at a check: inside a collective call, or in DDP's gradient all-reduce."""
+    """A rank that never arrived at a check: inside a collective call, in DDP's gradient all-reduce, or in its
+    broadcast at the start of a forward pass (Lightning's own flow: never the culprit)."""
     stage = None if facts.progress is None else facts.progress.stage
     if facts.inside is not None:
         return _call_stand(facts, facts.inside, stage)
+    if facts.backward is None and facts.forward is not None:
+        where = f"DDP's forward pass, where DDP broadcasts {broadcasts_text(facts.forward_syncs)} from rank 0"
+        return Stand(facts.rank, "forward", where, where, None, _hook(facts), facts.batches, stage=stage)
     where = "the backward pass, where DDP all-reduces the gradients"
     return Stand(facts.rank, "backward", where, where, None, _hook(facts), facts.batches, stage=stage)
 

@@ -18,6 +18,7 @@ from lightning_ext._exchange_rounds import Carried
 from lightning_ext._files.storage import guarded
 from lightning_ext._preemption.stop import StopController
 from lightning_ext._stall import monitor as stall
+from lightning_ext._watch import ddp_forward
 from lightning_ext._watch.facts import Recorder, SignalConsumer
 from lightning_ext._watch.sites import called_as
 from lightning_ext._watch.watchdog import Watchdog, raise_record
@@ -154,17 +155,23 @@ class HangGuard:
         if self.preemption is not None:
             self.preemption.attach()  # in a fit, in place of Lightning's per-step broadcast
 
-    def watch_backward_passes(self, strategy: Any) -> None:
-        """Note when ``strategy``'s rank is in an autograd backward pass, and whether DDP all-reduces its gradients.
+    def watch_passes(self, strategy: Any) -> None:
+        """Note when ``strategy``'s rank is in a backward pass, and whether DDP all-reduces its gradients; and when it
+        is in a forward pass of a DDP model that broadcasts before the module runs (the rebuilt gradient buckets'
+        order, once; the buffers), a collective call made in DDP's C++ code that no count of ``torch.distributed``
+        calls sees (:mod:`~lightning_ext._watch.ddp_forward`).
 
         The autograd backward runs inside the precision plugin's ``backward``; ``on_after_backward`` (which may log)
         runs after it returns, outside the pass. Only a DDP model's sync is known (``require_backward_grad_sync`` is
         off within ``no_sync``, when gradients accumulate); under other strategies the pass is not reported.
         """
-        plugin = strategy.precision_plugin
-        if self.recorder is None or "backward" in plugin.__dict__:
+        plugin, recorder = strategy.precision_plugin, self.recorder
+        if recorder is None:
             return
-        backward, recorder = plugin.backward, self.recorder
+        ddp_forward.watch(strategy.model, recorder)
+        if "backward" in plugin.__dict__:
+            return
+        backward = plugin.backward
 
         def watched_backward(*args: Any, **kwargs: Any) -> Any:
             model = strategy.model
@@ -175,9 +182,10 @@ class HangGuard:
         plugin.__dict__["backward"] = watched_backward
 
     @staticmethod
-    def unwatch_backward_passes(strategy: Any) -> None:
-        """Undo :meth:`watch_backward_passes`."""
+    def unwatch_passes(strategy: Any) -> None:
+        """Undo :meth:`watch_passes`."""
         strategy.precision_plugin.__dict__.pop("backward", None)
+        ddp_forward.unwatch(strategy.model)
 
     def reduce(self, reduce: Callable[..., Any], tensor: Any, group: Any, reduce_op: Any) -> Any:
         """``strategy.reduce`` with a check in place of Lightning's barrier."""

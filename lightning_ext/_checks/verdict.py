@@ -18,10 +18,17 @@ def blocked_by(waiting: Sequence[Facts], rank: Facts) -> str | None:
     * a collective call that some waiting rank has not made: its number on its group is beyond that rank's count
       (``"collective"``); or
     * a backward pass whose gradients DDP all-reduces, beyond the synced backward passes some waiting rank has
-      completed: it cannot end before that rank's matching all-reduce, which comes after the check (``"backward"``).
+      completed: it cannot end before that rank's matching all-reduce, which comes after the check (``"backward"``);
+      or
+    * a DDP forward pass that broadcasts from rank 0 before its module runs, beyond those some waiting rank has
+      completed, where the broadcast needs that rank (``"forward"``). Rank 0 sends to every rank, so it needs them all;
+      another rank needs rank 0 alone, for its buffers (one broadcast: it completes once rank 0 sends, if rank 0 went
+      on into it too), but every rank for the rebuilt buckets' order (two broadcasts: rank 0 sends the second only
+      once every rank received the first). So: rank 0, a rebuild, or rank 0 among those waiting ranks.
 
-    Anything else (computing, loading data, writing a checkpoint, a backward pass without gradient sync, a collective
-    call every waiting rank has made) is work that will end: ``None``, and the check waits.
+    Anything else (computing, loading data, writing a checkpoint, a backward pass without gradient sync, a forward
+    pass that does not broadcast, a collective call every waiting rank has made) is work that will end: ``None``, and
+    the check waits.
 
     Example:
         >>> waiting = [Facts(0, check=(3, "a synced log"), counts={"world": 7}, backwards=1)]
@@ -29,6 +36,8 @@ def blocked_by(waiting: Sequence[Facts], rank: Facts) -> str | None:
         'backward'
         >>> blocked_by(waiting, Facts(1, counts={"world": 7}, backwards=1)) is None  # computing: wait
         True
+        >>> blocked_by(waiting, Facts(1, counts={"world": 7}, backwards=1, forward=1, forward_syncs=("buffers",)))
+        'forward'
 
     """
     if not waiting:
@@ -38,6 +47,10 @@ def blocked_by(waiting: Sequence[Facts], rank: Facts) -> str | None:
         return "collective"
     if rank.backward is not None and rank.backward > min(facts.backwards for facts in waiting):
         return "backward"
+    if rank.forward is not None:
+        behind = [facts.rank for facts in waiting if facts.forwards < rank.forward]
+        if behind and (rank.rank == 0 or "buckets" in rank.forward_syncs or 0 in behind):
+            return "forward"
     return None
 
 

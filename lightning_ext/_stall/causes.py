@@ -63,21 +63,28 @@ def thresholds(stall_timeout: float | str, group_timeout: timedelta) -> Threshol
 def waits(report: RankReport, everyone: Sequence[RankReport]) -> float | None:
     """How long ``report``'s rank has waited for another rank (seconds), or ``None`` if it is not waiting for one.
 
-    A collective call or a lightning-ext check is a wait; a backward pass whose gradients DDP all-reduces is one only
-    while some other rank has not started that pass (its all-reduce waits for that rank); otherwise it is computing.
+    A collective call or a lightning-ext check is a wait; a backward pass whose gradients DDP all-reduces, or a DDP
+    forward pass that broadcasts before its module runs, is one only while some other rank has not started that pass
+    (its collective waits for that rank); otherwise it is computing.
     """
     if report.waiting is None or report.facts is None:
         return None
     kind, seconds = report.waiting
-    if kind != "backward":
+    if kind not in ("backward", "forward"):
         return seconds
-    number = report.facts.backward
+    facts = report.facts
+    number = facts.backward if kind == "backward" else facts.forward
     for other in everyone:
         if other.rank == report.rank:
             continue
         if other.facts is None:  # gone or silent: it has not come
             return seconds
-        if other.facts.backward != number and other.facts.backwards < (number or 0):
+        now, done = (
+            (other.facts.backward, other.facts.backwards)
+            if kind == "backward"
+            else (other.facts.forward, other.facts.forwards)
+        )
+        if now != number and done < (number or 0):
             return seconds
     return None
 

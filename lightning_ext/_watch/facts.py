@@ -68,6 +68,8 @@ class Recorder:
         self._inside: tuple[str, int, str, FrameType, Call | None, float] | None = None
         self._backward: int | None = None
         self._backward_since = 0.0
+        self.forwards = 0
+        self._forward: tuple[int, tuple[str, ...], float] | None = None  # (number, what it broadcasts, since when)
         self.check_since = 0.0  # when the training thread entered the check it is in (``check``)
         self._busy = 0  # checkpoint writes and loads under way
         self._groups: dict[int, tuple[Any, str]] = {}
@@ -145,6 +147,20 @@ class Recorder:
         self.backwards += 1
 
     @contextlib.contextmanager
+    def forward_pass(self, syncs: tuple[str, ...]) -> Iterator[None]:
+        """Within the block, this rank is in a DDP forward pass that broadcasts ``syncs`` (``"buckets"``,
+        ``"buffers"``) before the module runs; ``()``: one that makes no collective call (not counted)."""
+        if not syncs:
+            yield
+            return
+        self._forward = (self.forwards + 1, syncs, time.monotonic())
+        try:
+            yield
+        finally:
+            self._forward = None
+        self.forwards += 1
+
+    @contextlib.contextmanager
     def barrier_skipped(self, checked: bool) -> Iterator[None]:
         """Within the block, the training thread's ``torch.distributed.barrier`` calls return at once, uncounted.
 
@@ -176,8 +192,9 @@ class Recorder:
         """What the training thread waits in now, and since when (``time.monotonic()``), or ``None``.
 
         ``("collective", t)``: inside a counted collective call; ``("check", t)``: inside a lightning-ext check;
-        ``("backward", t)``: inside a backward pass whose gradients DDP all-reduces (a wait only while another rank
-        has not started it, which only the other ranks' facts can tell).
+        ``("backward", t)``: inside a backward pass whose gradients DDP all-reduces, ``("forward", t)``: inside a DDP
+        forward pass that broadcasts (each a wait only while another rank has not started that pass, which only the
+        other ranks' facts can tell).
         """
         inside = self._inside
         if inside is not None:
@@ -186,6 +203,9 @@ class Recorder:
             return ("check", self.check_since)
         if self._backward is not None:
             return ("backward", self._backward_since)
+        forward = self._forward
+        if forward is not None:
+            return ("forward", forward[2])
         return None
 
     def snapshot(self) -> Facts:
@@ -196,6 +216,7 @@ class Recorder:
             group, index, name, caller, call, _ = inside
             call = call or make_call(group, index, name, caller)
         frame = sys._current_frames().get(self.thread)
+        forward = self._forward
         return Facts(
             rank=self.rank,
             check=self.check,
@@ -204,6 +225,9 @@ class Recorder:
             inside=call,
             backward=self._backward,
             backwards=self.backwards,
+            forward=None if forward is None else forward[0],
+            forwards=self.forwards,
+            forward_syncs=() if forward is None else forward[1],
             progress=progress_of(self.trainer),
             signal=self.signal,
             recent=tuple(self.recent),

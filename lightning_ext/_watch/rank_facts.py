@@ -1,4 +1,4 @@
-"""A rank's facts as plain data: its counted collective calls, its check, backward passes, progress, signal; pure."""
+"""A rank's facts as plain data: its counted collective calls, its check, DDP's passes, progress, signal; pure."""
 
 from __future__ import annotations
 
@@ -45,6 +45,11 @@ class Facts:
         backward: the number of the synced backward pass it is in now (DDP's gradient all-reduce runs in it), or
             ``None``; a backward pass without gradient sync, or whose sync is unknown, is not counted.
         backwards: synced backward passes completed.
+        forward: the number of the DDP forward pass it is in now that broadcasts from rank 0 before the module runs
+            (:mod:`~lightning_ext._watch.ddp_forward`), or ``None``; every other forward pass is not counted.
+        forwards: such forward passes completed.
+        forward_syncs: what that pass broadcasts: ``"buckets"`` (the rebuilt gradient buckets' order: two broadcasts),
+            ``"buffers"`` (the module's buffers: one), or both.
         progress: where it is in Lightning's loops.
         signal: the signal it received (``"SIGTERM in training of epoch 0, ..."``), or ``None``.
         recent: its last counted collective calls outside backward passes, oldest first (to name a call that other
@@ -61,6 +66,9 @@ class Facts:
     inside: Call | None = None
     backward: int | None = None
     backwards: int = 0
+    forward: int | None = None
+    forwards: int = 0
+    forward_syncs: tuple[str, ...] = ()
     progress: Progress | None = None
     signal: str | None = None
     recent: tuple[Call, ...] = ()

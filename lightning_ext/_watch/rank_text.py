@@ -12,8 +12,10 @@ __all__ = [
     "DETAIL_GROUPS",
     "FIRST_LINE",
     "backward_text",
+    "broadcasts_text",
     "call_text",
     "doing",
+    "forward_text",
     "grouped_lines",
     "short_site",
     "shortened",
@@ -70,21 +72,42 @@ def backward_text(number: int | None) -> str:
     return f"DDP's gradient all-reduce (synced backward pass #{number})"
 
 
+def forward_text(facts: Facts) -> str:
+    """``DDP's broadcast of the module's buffers (forward pass #2)``: where a rank in a DDP forward pass that
+    broadcasts before its module runs waits (``Facts.forward``)."""
+    return f"DDP's broadcast of {broadcasts_text(facts.forward_syncs)} (forward pass #{facts.forward})"
+
+
 def wait_text(kind: str, facts: Facts) -> str:
     """What a rank waits in, for people (the checks' messages and the stall report word it alike): ``kind`` is
-    ``"collective"`` (the counted call it is inside: :func:`call_text`), ``"check"`` (a lightning-ext check) or
-    ``"backward"`` (:func:`backward_text`)."""
+    ``"collective"`` (the counted call it is inside: :func:`call_text`), ``"check"`` (a lightning-ext check),
+    ``"forward"`` (:func:`forward_text`) or ``"backward"`` (:func:`backward_text`)."""
     if kind == "collective" and facts.inside is not None:
         return call_text(facts.inside)
     if kind == "check" and facts.check is not None:
         return f"lightning-ext's check before {facts.check[1]}"
+    if kind == "forward":
+        return forward_text(facts)
     return backward_text(facts.backward)
+
+
+def broadcasts_text(syncs: Sequence[str]) -> str:
+    """What a DDP forward pass broadcasts (``Facts.forward_syncs``), in words.
+
+    Example:
+        >>> broadcasts_text(("buckets", "buffers"))
+        "the order of its rebuilt gradient buckets and the module's buffers"
+
+    """
+    words = {"buckets": "the order of its rebuilt gradient buckets", "buffers": "the module's buffers"}
+    return " and ".join(words.get(sync, sync) for sync in syncs) or "nothing"
 
 
 def doing(facts: Facts | None, hook: str | None = None, stack: str = "", workers: Sequence[str] = ()) -> str:
     """What a rank is doing, from its facts (and, in a stall report, its training thread's stack and its DataLoader
-    workers): ``blocked in ...``, ``in its synced backward pass #4 ...``, ``computing in training_step at ...``,
-    followed by where it is in Lightning's loops. ``hook``: the hook it runs, if not the one in its facts."""
+    workers): ``blocked in ...``, ``in DDP's gradient all-reduce (synced backward pass #4) ...``, ``in DDP's broadcast
+    of the module's buffers (forward pass #2) ...``, ``computing in training_step at ...``, followed by where it is in
+    Lightning's loops. ``hook``: the hook it runs, if not the one in its facts."""
     progress = None if facts is None else facts.progress
     hook = hook or (None if progress is None else progress.hook)
     during = f", during {progress.describe()}" if progress is not None else ""
@@ -94,6 +117,8 @@ def doing(facts: Facts | None, hook: str | None = None, stack: str = "", workers
         return f"blocked in {call_text(facts.inside)}{during}"
     if facts is not None and facts.backward is not None:
         return f"in {backward_text(facts.backward)}{in_hook}{at}{during}"
+    if facts is not None and facts.forward is not None:
+        return f"in {forward_text(facts)}{in_hook}{during}"
     if "torch/utils/data/dataloader.py" in stack and "_get_data" in stack:
         listed = f" ({'; '.join(workers)})" if workers else ""
         return f"waiting for a batch from its DataLoader worker process(es){listed}{during}"

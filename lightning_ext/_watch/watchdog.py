@@ -194,7 +194,8 @@ class Watchdog:
                 if self._posted is None:
                     self._posted = ErrorRecord(**json.loads(store.get("error")))
                     facts = self.recorder.snapshot()
-                    if facts.inside is not None or facts.backward is not None:  # it waits for a rank that failed
+                    if facts.inside is not None or facts.backward is not None or facts.forward is not None:
+                        # it waits for a rank that failed
                         _collective.abort_process_groups()
                 self.on_error()
 

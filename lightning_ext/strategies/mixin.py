@@ -230,7 +230,7 @@ class PolicyStrategyMixin(CollectiveSeams, _Strategy):
     @override
     def setup(self, trainer: Any) -> None:
         super().setup(trainer)
-        self._hang_guard.watch_backward_passes(self)
+        self._hang_guard.watch_passes(self)
         if self._per_rank_metrics is None or self._run_log_dir is None:
             return
         sinks = sinks_for(trainer, self._rank(), self._per_rank_metrics, self._main_runs)
@@ -279,7 +279,7 @@ class PolicyStrategyMixin(CollectiveSeams, _Strategy):
         if telemetry is not None:
             telemetry.detach()  # its last row, and the methods it shadowed given back before the others' (the stop's)
         self._stop_coalescing()
-        self._hang_guard.unwatch_backward_passes(self)
+        self._hang_guard.unwatch_passes(self)
         setup_checks.stop()
         try:
             self._hang_guard.finish(self._trainer())

@@ -5,8 +5,9 @@ the program's line that the check names (and the program marks with ``# expect:`
 Every kind whose runtime error the hang checks name runs here (``LX101``-``LX205``), in several hooks and guard forms,
 with the options the README gives (``hang_checks="debug"`` for ``all_gather`` in ``training_step``). Left out: a
 ``torch.distributed`` call under a guard in ``training_step`` or ``on_train_batch_end`` (``LX205`` there), which ends
-in the stall report (tests/check/corpus/dist_in_training_step.py has no ``RUN``). Marked: a divergence in
-``on_train_batch_end`` at the epoch's first batch, which today ends in the stall report too (``STALLS``).
+in the stall report (tests/check/corpus/dist_in_training_step.py has no ``RUN``). A divergence in
+``on_train_batch_end`` at the epoch's first batch, with a batch to come, is named too: the other ranks wait in the next
+step's DDP forward pass, whose bucket rebuild the hang checks record (this test found that gap).
 
 The programs run in three launched jobs at once (``tests/helpers/scripts/check_programs.py``), each one after another,
 started with this module's first test, as tests/checks/test_pitfall_matrix.py runs its scenarios.
@@ -33,15 +34,6 @@ SCRIPT = REPO / "tests" / "helpers" / "scripts" / "check_programs.py"
 JOB_TIMEOUT = 600.0  # one job's programs, in seconds (about 40 s on a quiet 2-core machine)
 JOBS = 3
 RUNS = [path for path in programs() if run_settings(path) is not None]
-# a gap of the hang checks, not of the check: after a divergence in on_train_batch_end at the first batch, the other
-# ranks go on into the next step's DDP forward, whose first bucket rebuild (Reducer._rebuild_buckets, a broadcast in
-# DDP's C++ reducer) is a collective no fact describes; the run ends in the stall report (StallError), not in the
-# named error. The pitfall matrix does not see it: its epochs have one batch per rank.
-STALLS = {
-    "log_on_train_batch_end.py": "the other rank's next DDP forward rebuilds its buckets: a stall report",
-    "all_gather_on_train_batch_end_debug.py": "the other rank's next DDP forward rebuilds its buckets: a stall report",
-}
-
 Outcomes = Callable[[str], dict[int, dict[str, Any]]]
 
 
@@ -89,17 +81,7 @@ def _named_lines(first: str, program: str) -> list[int]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(2 * JOB_TIMEOUT)
-@pytest.mark.parametrize(
-    "path",
-    [
-        pytest.param(
-            path, id=path.stem, marks=[pytest.mark.xfail(strict=True, raises=AssertionError, reason=STALLS[path.name])]
-        )
-        if path.name in STALLS
-        else pytest.param(path, id=path.stem)
-        for path in RUNS
-    ],
-)
+@pytest.mark.parametrize("path", [pytest.param(path, id=path.stem) for path in RUNS])
 def test_the_run_ends_in_the_error_the_check_names_on_the_line_it_names(path: Path, outcomes: Outcomes) -> None:
     expected = expected_findings(path)
     findings = check_paths([path]).findings

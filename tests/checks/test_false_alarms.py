@@ -31,14 +31,17 @@ def fit(
     )
 
 
-_REFERENCES: dict[tuple[int, int], list[dict[str, Any]]] = {}
+_REFERENCES: dict[tuple[int, int, bool], list[dict[str, Any]]] = {}
 
 
-def stock(rank_pools: Any, world: int, tmp_path: Path, accumulate: int = 1) -> list[dict[str, Any]]:
-    """The program under stock DDPStrategy, without delays (computed once per world size and accumulation)."""
-    key = (world, accumulate)
+def stock(
+    rank_pools: Any, world: int, tmp_path: Path, accumulate: int = 1, buffers: bool = False
+) -> list[dict[str, Any]]:
+    """The program under stock DDPStrategy, without delays (computed once per world size, accumulation and model)."""
+    key = (world, accumulate, buffers)
     if key not in _REFERENCES:
-        _REFERENCES[key] = fit(rank_pools, world, tmp_path / "stock", {"accumulate": accumulate}, strategy="stock")
+        plan = {"accumulate": accumulate, "buffers": buffers}
+        _REFERENCES[key] = fit(rank_pools, world, tmp_path / "stock", plan, strategy="stock")
     return _REFERENCES[key]
 
 
@@ -76,6 +79,25 @@ def test_a_check_that_completes_while_a_rank_looks_is_not_a_deadlock(rank_pools:
     assert any(outcome["looks"] for outcome in ours)
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("batch", [0, 1])
+@pytest.mark.parametrize("slow", ["first", "last"])
+def test_a_rank_slow_in_a_forward_pass_that_broadcasts_is_waited_for(
+    rank_pools: Any, tmp_path: Path, world: int, batch: int, slow: str
+) -> None:
+    """With a BatchNorm layer, DDP broadcasts the buffers at each forward pass, and the rebuilt buckets' order at the
+    second (batch 1): the hang checks record these passes. One rank computes (matrix products) in its forward pass,
+    several looks long, while the others wait at the check of the step's synced log; rank 0 (which sends the
+    broadcasts) or the last rank."""
+    rank = 0 if slow == "first" else world - 1
+    delays = [{"rank": rank, "phase": "forward", "how": "compute", "seconds": SLOW, "epoch": 0, "batch": batch}]
+    ours = fit(rank_pools, world, tmp_path / "ours", {"delays": delays, "buffers": True})
+    assert_same_as_stock(ours, stock(rank_pools, world, tmp_path, buffers=True))
+    assert any(outcome["looks"] for outcome in ours), "no rank waited long enough at a check to look"
+
+
 @st.composite
 def delay_plans(draw: st.DrawFn, world: int) -> dict[str, Any]:
     """Random delays: any rank, any phase, any batch of either epoch, by computing or sleeping."""
@@ -95,7 +117,7 @@ def delay_plans(draw: st.DrawFn, world: int) -> dict[str, Any]:
             max_size=3,
         )
     )
-    return {"delays": delays, "accumulate": draw(st.sampled_from([1, 2]))}
+    return {"delays": delays, "accumulate": draw(st.sampled_from([1, 2])), "buffers": draw(st.booleans())}
 
 
 @pytest.mark.slow
@@ -109,6 +131,6 @@ def test_property_random_delays_never_change_the_outcome(rank_pools: Any, tmp_pa
     def check(plan: dict[str, Any]) -> None:
         root = tmp_path / f"example{len(list(tmp_path.iterdir()))}"
         ours = fit(rank_pools, world, root, plan)
-        assert_same_as_stock(ours, stock(rank_pools, world, tmp_path, plan["accumulate"]))
+        assert_same_as_stock(ours, stock(rank_pools, world, tmp_path, plan["accumulate"], plan["buffers"]))
 
     check()

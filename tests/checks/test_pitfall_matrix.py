@@ -1,9 +1,10 @@
 """Every pitfall of the README's table, in every hook and stage where users put it, in real launched jobs: the first
 line of the error every rank raises names the true cause, the user's file and line, and the fix.
 
-One job per world size (2 and 3 ranks: every scenario; 4 ranks: a representative part) runs its scenarios one after
-another (``tests/helpers/scripts/pitfall_matrix.py``): each a default ``Trainer`` (sanity check, checkpointing and
-logger on) with ``PolicyDDPStrategy()``. They cannot interfere: each fit starts a new process group, and a rank that a
+One job per world size (2 ranks: every scenario; 3 ranks: every one but some at an epoch's first batch; 4 ranks: a
+representative part) runs its scenarios one after another (``tests/helpers/scripts/pitfall_matrix.py``): each a
+default ``Trainer`` (sanity check, checkpointing and logger on) with ``PolicyDDPStrategy()`` (``hang_checks="debug"``
+where a scenario says ``+debug``). They cannot interfere: each fit starts a new process group, and a rank that a
 scenario left blocked in a collective is released before the next. The jobs start together in the background with
 this module's first test: they spend most of their time waiting (a rank left behind is found after 2 s). The expected
 first lines are written out here, from the script's own lines.
@@ -54,6 +55,21 @@ EVERY = [
     for place in PLACES
     if call in IN_TRAINING_STEPS or place not in ("training_step", "on_train_batch_end")
 ] + ["uneven@train", "uneven@val", "uneven@test", "uneven@stream"]
+# at the first of 3 training batches, with a BatchNorm layer: in on_train_batch_end the other ranks go on into the next
+# step's DDP forward pass, which broadcasts the buffers and the rebuilt gradient buckets' order (in training_step, into
+# the backward pass); all_gather with hang_checks="debug", which checks it there
+FIRST_SOME = [
+    "log@first:on_train_batch_end",
+    "barrier@first:on_train_batch_end",
+    "all_gather@first:on_train_batch_end+debug",
+    "log@first:training_step",
+]
+FIRST = [
+    *FIRST_SOME,
+    *(f"{call}@first:on_train_batch_end" for call in ("log_dir", "save_checkpoint", "broadcast")),
+    "barrier@first:training_step",
+    "all_gather@first:training_step+debug",
+]
 SOME = [
     "log@sanity:on_validation_epoch_end",
     "log@training_step",
@@ -69,7 +85,7 @@ SOME = [
     "uneven@train",
     "uneven@stream",
 ]
-WORLDS = {2: EVERY, 3: EVERY, 4: SOME}
+WORLDS = {2: EVERY + FIRST, 3: EVERY + FIRST_SOME, 4: SOME + FIRST_SOME}
 
 
 def _line(marker: str) -> int:
@@ -85,7 +101,7 @@ def _others(world: int) -> str:
 def expected(scenario: str, world: int) -> tuple[str, str | tuple[str, ...]]:
     """``(error class, how the first line starts)`` for ``scenario`` at ``world`` ranks, from the script alone (a
     tuple: the starts it may have)."""
-    call, place = scenario.split("@")
+    call, place = scenario.removesuffix("+debug").split("@")
     hook = place.split(":")[-1]
     where = f" in {hook} ({'sanity check, ' if place.startswith('sanity:') else ''}pitfall_matrix.py:"
     if call == "uneven":
@@ -115,7 +131,9 @@ def expected(scenario: str, world: int) -> tuple[str, str | tuple[str, ...]]:
         "save_checkpoint": "Trainer.save_checkpoint (strategy.barrier)",
         "barrier": "strategy.barrier()",
         "broadcast": "strategy.broadcast(src=0)",
-        "all_gather": "torch.distributed.all_gather (via LightningModule.all_gather)",
+        "all_gather": "LightningModule.all_gather (strategy.all_gather)"  # checked before it runs
+        if scenario.endswith("+debug")
+        else "torch.distributed.all_gather (via LightningModule.all_gather)",
         "all_reduce": "torch.distributed.all_reduce",
     }[call]
     return "DivergentCollectiveError", f"{made}{where}{line}) ran on rank 0 only; {_others(world)} went on."

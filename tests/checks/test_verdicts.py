@@ -65,6 +65,33 @@ def test_a_collective_call_is_blocking_only_beyond_a_waiting_rank_s_count() -> N
     assert blocked_by([Facts(0, counts={"world": 99, "tp": 2})], Facts(1, inside=other)) == "collective"
 
 
+def forward(rank: int, number: int, *syncs: str) -> Facts:
+    """A rank in its DDP forward pass ``number`` that broadcasts ``syncs`` from rank 0."""
+    return Facts(rank, counts={"world": 10}, backwards=3, forward=number, forwards=number - 1, forward_syncs=syncs)
+
+
+def test_a_forward_pass_that_broadcasts_cannot_end_where_it_needs_a_waiting_rank() -> None:
+    """Rank 0 sends to every rank; the rebuilt buckets' order (two broadcasts) needs every rank; another rank needs
+    only rank 0 for the buffers (docs/hang-checks.md, measured in tests/checks/test_ddp_forward.py)."""
+    assert blocked_by([waiting(1, forwards=1)], forward(0, 2, "buffers")) == "forward"  # rank 0 needs rank 1
+    assert blocked_by([waiting(0, forwards=1)], forward(1, 2, "buffers")) == "forward"  # rank 1 needs rank 0
+    assert blocked_by([waiting(1, forwards=1)], forward(2, 2, "buckets")) == "forward"
+    assert blocked_by([waiting(1, forwards=1)], forward(2, 2, "buckets", "buffers")) == "forward"
+    # rank 2 receives the buffers from rank 0 whichever ranks are missing: not proven (it goes on into its backward)
+    assert blocked_by([waiting(1, forwards=1)], forward(2, 2, "buffers")) is None
+    # rank 0 waits, but has made that pass: what it sent is there to receive
+    assert blocked_by([waiting(0, forwards=2), waiting(1, forwards=1)], forward(2, 2, "buffers")) is None
+    assert blocked_by([waiting(0, forwards=1), waiting(1, forwards=2)], forward(2, 2, "buffers")) == "forward"
+
+
+def test_a_forward_pass_the_waiting_ranks_have_made_is_waited_for() -> None:
+    """The slow rank is in its forward pass #2, which the waiting ranks completed: its broadcast is matched."""
+    for syncs in (("buffers",), ("buckets",), ("buckets", "buffers")):
+        assert blocked_by([waiting(1, forwards=2)], forward(0, 2, *syncs)) is None
+        assert blocked_by([waiting(0, forwards=2), waiting(2, forwards=3)], forward(1, 2, *syncs)) is None
+    assert blocked_by([waiting(1, forwards=5)], Facts(0, backwards=3, forwards=1)) is None  # not in one: computing
+
+
 def test_without_waiting_ranks_nothing_is_proven() -> None:
     assert blocked_by([], Facts(1, backward=9)) is None
 
@@ -156,6 +183,26 @@ def test_a_rank_in_backward_blames_the_waiting_ranks_extra_log() -> None:
         "self.log('x', sync_dist=True) in training_step (m.py:9) synced on rank 0 only; rank 1 went on."
         " Fix: log it on every rank, or with rank_zero_only=True."
     )
+
+
+def test_ranks_in_the_next_forward_pass_name_the_waiting_ranks_call_at_the_first_batch() -> None:
+    """The corpus's case: rank 0 logs under a guard in on_train_batch_end at the first batch; ranks 1-3 went on into
+    the next step's DDP forward pass, where the buckets are rebuilt (Lightning's flow: never the culprit)."""
+    logged = dataclasses.replace(LOG, detail={**ENTRY, "fx": "on_train_batch_end"})
+    going = Progress("train", 0, train_batches=2, hook="training_step")
+    missing = [dataclasses.replace(forward(rank, 1, "buckets"), batches=2, progress=going) for rank in (1, 2, 3)]
+    found = deadlock(5, [waiting(forwards=0, batches=1, checks=4), *missing])
+    assert found is not None
+    error = describe_deadlock(logged, *found)
+    assert isinstance(error, errors.DivergentLoggingError)
+    assert first_line(error) == (
+        "self.log('x', sync_dist=True) in on_train_batch_end (m.py:9) synced on rank 0 only; ranks 1-3 went on."
+        " Fix: log it on every rank, or with rank_zero_only=True."
+    )
+    assert (
+        "  ranks 1-3: in DDP's broadcast of the order of its rebuilt gradient buckets (forward pass #1) in"
+        " training_step, during training of epoch 0 (2 training batch(es) so far)"
+    ) in str(error)
 
 
 def test_a_lightning_call_that_every_rank_makes_is_never_the_culprit() -> None:

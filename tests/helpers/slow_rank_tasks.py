@@ -5,6 +5,7 @@ own code; ``"sleep"``), and for how long. Every phase is a place where the other
 wait there: the forward pass, a backward pass with and without gradient sync, ``torch.autograd.grad`` (a gradient
 penalty), data loading, a callback, writing a checkpoint, the first batch, a validation step. The program is correct
 whatever the timing, so it must end exactly as the same program does under stock ``DDPStrategy`` without delays.
+With ``"buffers": True`` the model has a BatchNorm layer: DDP broadcasts its buffers at each forward pass.
 """
 
 from __future__ import annotations
@@ -100,7 +101,8 @@ class SlowRankModule(L.LightningModule):
         super().__init__()
         self.plan_spec = plan
         torch.manual_seed(0)
-        self.net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+        buffers = [torch.nn.BatchNorm1d(8)] if (plan or {}).get("buffers") else []
+        self.net = torch.nn.Sequential(torch.nn.Linear(4, 8), *buffers, torch.nn.Tanh(), torch.nn.Linear(8, 1))
         self._in_penalty = False
 
     @property

@@ -58,6 +58,19 @@ def test_a_backward_pass_is_a_wait_only_while_another_rank_has_not_started_it() 
     assert waits(ahead, [ahead, both_in_it]) is None  # every rank computes that backward pass: nobody waits
 
 
+def test_a_forward_pass_that_broadcasts_is_a_wait_only_while_another_rank_has_not_started_it() -> None:
+    facts = Facts(0, forward=2, forwards=1, forward_syncs=("buffers",), progress=TRAINING)
+    ahead = RankReport(0, facts=facts, waiting=("forward", 200.0), since_progress=200.0)
+    assert waits(ahead, [ahead, computing(1, 200.0)]) == 200.0  # rank 1 completed 0 such passes
+    with_it = RankReport(1, facts=Facts(1, forward=2, forwards=1, progress=TRAINING), waiting=("forward", 200.0))
+    assert waits(ahead, [ahead, with_it]) is None
+    past_it = RankReport(1, facts=Facts(1, forwards=2, progress=TRAINING), since_progress=1.0)
+    assert waits(ahead, [ahead, past_it]) is None
+    assert "DDP's broadcast of the module's buffers (forward pass #2)" in report_text(
+        [ahead, computing(1, 200.0)], "the ranks stalled", ()
+    )
+
+
 @pytest.mark.parametrize(
     ("reports", "stalled"),
     [
@@ -181,6 +194,15 @@ def test_a_wait_is_worded_one_way_in_the_summary_and_the_sections_and_the_group_
     last = "torch.distributed.broadcast called from train.py:121 in main (its call #12 on the default group)"
     assert f"  last collective entered: {last} (completed)" in text.splitlines()
     assert " world" not in text
+
+
+def test_a_rank_waiting_in_a_check_is_worded_with_what_the_check_stands_before() -> None:
+    """A rank in a lightning-ext check waits there for the rank behind (the check's description, not its number)."""
+    facts = Facts(0, check=(5, "a synced log of 'loss'"), checks=4, progress=TRAINING)
+    waiting = RankReport(0, facts=facts, waiting=("check", 130.0), since_progress=130.0)
+    text, behind = summarize([waiting, computing(1, 131.0)])
+    assert behind == [1]
+    assert "rank 0 waits for it in lightning-ext's check before a synced log of 'loss' for 130 s" in text
 
 
 def test_a_report_that_cannot_be_written_warns_and_steps_aside(tmp_path: Path) -> None:

@@ -1,13 +1,13 @@
 """self.all_gather under a rank guard in on_train_batch_end, with hang_checks="debug" (the README's option).
 
-At run time today (a gap of the hang checks, not of this check): at the first batch, the other ranks go on into the
-next step's DDP forward, whose bucket rebuild is a collective no check sees; the run ends in the stall report
-(stall_timeout=10 here, so that it ends soon). tests/check/test_agreement.py marks it.
+At run time, at the first of two batches: the other rank goes on into the next step's DDP forward pass, whose bucket
+rebuild (a broadcast from rank 0) cannot complete; the hang checks record that and name this line (before they did,
+the run ended in the stall report: tests/check/test_agreement.py found it).
 """
 
 from lightning.pytorch.demos.boring_classes import BoringModel
 
-RUN = {"strategy": {"hang_checks": "debug", "stall_timeout": 10}}
+RUN = {"strategy": {"hang_checks": "debug", "stall_timeout": 10}}  # were it to stall, it would end soon
 
 
 class Model(BoringModel):

@@ -1,6 +1,7 @@
 """A user's training script that falls into the README's pitfalls, one fit (or test) after another in one launch.
 
-Usage: ``python pitfall_matrix.py OUT_DIR DEVICES SCENARIO [SCENARIO ...]`` with each SCENARIO ``pitfall@place``:
+Usage: ``python pitfall_matrix.py OUT_DIR DEVICES SCENARIO [SCENARIO ...]`` with each SCENARIO ``pitfall@place``,
+followed by ``+debug`` for ``hang_checks="debug"``:
 
 * pitfall: ``log`` (a synced ``self.log`` under ``if self.trainer.is_global_zero:``), ``metric`` (a torchmetrics metric
   updated and logged there), ``keys`` (``log_dict`` with a key of each rank's own, unguarded), ``log_dir``,
@@ -9,7 +10,10 @@ Usage: ``python pitfall_matrix.py OUT_DIR DEVICES SCENARIO [SCENARIO ...]`` with
   ``stream``: a train ``IterableDataset``);
 * place: the hook (``training_step``, ``on_train_batch_end``, ``on_train_epoch_end``, ``validation_step``,
   ``on_validation_epoch_end``, ``test_step``, ``on_test_epoch_end``), or ``sanity:<hook>`` for a validation hook whose
-  pitfall is reached in the sanity check (the validation hooks without it skip the sanity check).
+  pitfall is reached in the sanity check (the validation hooks without it skip the sanity check), or
+  ``first:<hook>`` for a training hook whose pitfall is reached at the first of 3 batches, with a BatchNorm layer (so
+  that the other ranks go on into the next step's DDP forward pass, which broadcasts the buffers and, once, the
+  rebuilt gradient buckets' order; elsewhere an epoch has one batch per rank).
 
 The Trainer is the default one (sanity check, checkpointing and logger on) with ``PolicyDDPStrategy()``, under
 Lightning's default launcher. Every rank runs every scenario in order and writes ``OUT_DIR/<scenario>.<rank>.json``
@@ -45,13 +49,17 @@ class Pitfalls(L.LightningModule):
     def __init__(self, pitfall: str, place: str, out: str) -> None:
         super().__init__()
         self.pitfall, self.place, self.out = pitfall, place, out
-        self.layer = torch.nn.Linear(4, 1)
+        self.first = place.startswith("first:")
+        buffers = [torch.nn.BatchNorm1d(4)] if self.first else []  # broadcast by DDP at each forward pass
+        self.layer = torch.nn.Sequential(*buffers, torch.nn.Linear(4, 1))
         self.metric = MeanMetric()
         self.diverged: float | None = None
 
     def _here(self, hook: str) -> bool:
         """Whether the pitfall is in ``hook`` and this is when it fires (in the sanity check or after it)."""
         if self.place.split(":")[-1] != hook:
+            return False
+        if self.first and self.trainer.fit_loop.epoch_loop.batch_idx != 0:
             return False
         return self.trainer.sanity_checking == self.place.startswith("sanity:")
 
@@ -87,9 +95,11 @@ class Pitfalls(L.LightningModule):
         rank, world = self.trainer.global_rank, self.trainer.world_size
         if self.pitfall == "uneven" and self.place == "stream" and stage == "train":
             return DataLoader(Stream(4 + 2 * min(rank, 1)), batch_size=2)  # rank 0: 2 batches, the others 3
-        # rank 0's shard (the DistributedSampler's) has 3 batches of 2, the others' 1 batch, where this is uneven
+        # rank 0's shard (the DistributedSampler's) has 3 batches of 2, the others' 1 batch, where this is uneven;
+        # every rank's has 3 for a pitfall at the first training batch
         uneven = self.pitfall == "uneven" and self.place == stage and rank == 0
-        return DataLoader(TensorDataset(torch.randn(4 + 4 * world * uneven, 4)), batch_size=2)
+        size = 6 * world if self.first and stage == "train" else 4 + 4 * world * uneven
+        return DataLoader(TensorDataset(torch.randn(size, 4)), batch_size=2)
 
     def train_dataloader(self) -> DataLoader:
         return self._loader("train")
@@ -128,11 +138,11 @@ class Pitfalls(L.LightningModule):
 
 def run(scenario: str, out: str, devices: int) -> dict[str, object]:
     """One scenario: a default Trainer's fit (or test), expected to raise on every rank."""
-    pitfall, place = scenario.split("@")
-    root = os.path.join(out, scenario.replace(":", "-").replace("@", "-"))
+    pitfall, place = scenario.removesuffix("+debug").split("@")
+    root = os.path.join(out, scenario.replace(":", "-").replace("@", "-").replace("+", "-"))
     model = Pitfalls(pitfall, place, root)
-    trainer = L.Trainer(accelerator="cpu", devices=devices, strategy=PolicyDDPStrategy(), max_epochs=1,
-                        default_root_dir=root)  # fmt: skip
+    strategy = PolicyDDPStrategy(hang_checks="debug" if scenario.endswith("+debug") else True)
+    trainer = L.Trainer(accelerator="cpu", devices=devices, strategy=strategy, max_epochs=1, default_root_dir=root)
     outcome: dict[str, object] = {"error": None, "message": None}
     try:
         if place.startswith("test") or place == "on_test_epoch_end":
