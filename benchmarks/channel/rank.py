@@ -54,13 +54,15 @@ def _check_subject(rank: int, world_size: int) -> tuple[Callable[[], None], floa
     """lightning-ext's check on its own channel: the call, the channel's set-up seconds, and the teardown."""
     from lightning_ext._checks.lockstep import Lockstep
     from lightning_ext._checks.points import Point
-    from lightning_ext._collective import CheckChannel
+    from lightning_ext._collective import CheckChannel, default_store
+    from lightning_ext._network import Place
     from lightning_ext._watch.facts import Recorder
     from lightning_ext._watch.watchdog import Watchdog
 
     watchdog = Watchdog("channel-bench/", Recorder(rank, world_size, None))
     started = time.perf_counter()
-    channel = CheckChannel(watchdog.store, rank, world_size)
+    channel = CheckChannel(rank, world_size)
+    channel.connect(default_store("channel-bench/"), Place("127.0.0.1"), 60.0)
     set_up = time.perf_counter() - started
     lockstep = Lockstep(channel, watchdog, lambda: None)
     point = Point("collective", ("bench",), "the benchmark's check")

@@ -31,6 +31,7 @@ class StrategyOptions:
     hang_checks: HangChecks = True
     uneven_batches: UnevenMode = "error"
     check_unsized_loaders: bool = False
+    check_channel_timeout: float = 30.0
     decision_record: bool = True
     preemption_policy: PolicyLike | None = "any"
     stall_timeout: float | str | None = "auto"

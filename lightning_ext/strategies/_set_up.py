@@ -7,7 +7,8 @@ from typing import Any
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_warn
 
-from lightning_ext._collective import RankGroup, all_gather_objects
+from lightning_ext._collective import RankGroup, all_gather_objects, store_host
+from lightning_ext._network import route_address
 from lightning_ext._setup import checks as setup_checks
 from lightning_ext._stall.monitor import introduction
 from lightning_ext.errors import PolicyMismatchError, mark_joint
@@ -24,6 +25,7 @@ class Agreement:
     log_dir: str | None  # where the per-rank files go, if they are on
     record_dir: str | None  # where the decision record goes, if it is on and there is a logger
     peers: list[Any]  # every rank's introduction to the stall monitor (pid, host; rank 0's: the report's directory)
+    routes: list[str | None]  # every rank's route to MASTER_ADDR: where the hang checks' channel binds
 
 
 def agree(
@@ -47,6 +49,7 @@ def agree(
         "namespace": f"lightning_ext/{uuid.uuid4().hex}/" if first else None,
         "init_module": setup_checks.init_module_state(trainer),
         "stall": introduction((logger_dir or str(trainer.default_root_dir)) if first and trainer is not None else None),
+        "route": route_address(store_host()),
     }
     everyone = all_gather_objects(mine, ranks)
     try:
@@ -59,8 +62,8 @@ def agree(
     if trainer is not None and everyone[0]["versions"] is not None:
         for logger, version in zip(_versioned_loggers(trainer), everyone[0]["versions"], strict=True):
             logger._version = version
-    peers = [theirs["stall"] for theirs in everyone]
-    return Agreement(everyone[0]["namespace"], everyone[0]["log_dir"], everyone[0]["record_dir"], peers)
+    peers, routes = [theirs["stall"] for theirs in everyone], [theirs["route"] for theirs in everyone]
+    return Agreement(everyone[0]["namespace"], everyone[0]["log_dir"], everyone[0]["record_dir"], peers, routes)
 
 
 def invalid_policies(

@@ -28,7 +28,7 @@ from lightning_ext._setup import checks as setup_checks
 from lightning_ext._stall.monitor import StallOptions
 from lightning_ext._sync import hooks as sync_hooks
 from lightning_ext._sync.hooks import LogSync
-from lightning_ext._sync.queue import SyncQueue
+from lightning_ext._sync.queue import SyncQueue, exact_mean_input
 from lightning_ext._telemetry import step_timer
 from lightning_ext._telemetry.live_stragglers import start_telemetry
 from lightning_ext._telemetry.telemetry import Telemetry
@@ -67,6 +67,7 @@ class PolicyStrategyMixin(_Strategy):
         uneven_batches: ``"error"`` (default) or ``"truncate"``: what to do when the ranks' dataloaders have
             different numbers of batches in an epoch.
         check_unsized_loaders: compare loaders without a length after every batch (one small check per step).
+        check_channel_timeout: seconds the checks' channel may take to connect at set-up (then: docs/multi-node.md).
         decision_record: ``True`` (default): with a logger, rank 0 records every decision, every rank's value and vote
             and why, in ``<log_dir>/decisions.csv`` (``docs/decision-record.md``); ``False``: no record.
         preemption_policy: when SIGTERM (or Lightning's SLURM requeue signal) on some ranks stops every rank at the
@@ -135,9 +136,8 @@ class PolicyStrategyMixin(_Strategy):
             self._flush_rank_files,
             stall_options,
             preemption,
-            # around a hang check's exchange, where this rank waits for the others: telemetry's collectives (a
-            # bound method, not a lambda: the strategy is pickled to each rank under start_method="spawn")
-            self._timing_collectives,
+            self._timing_collectives,  # a bound method, not a lambda: the strategy is pickled to each rank (spawn)
+            options.check_channel_timeout,
         )
         self._decision_record = options.decision_record
         self.decision_file: DecisionFile | None = None  # rank 0's record, during a run
@@ -203,11 +203,10 @@ class PolicyStrategyMixin(_Strategy):
         _runtime.install()  # a spawned or re-launched process imports us afresh
         self._check_one_package()  # before the process group: every rank raises alike, none waits
         super().setup_environment()
-        namespace, peers = self._agree_at_set_up()
-        self._hang_guard.start(self._rank(), self.world_size, namespace, self._trainer(), peers)
+        namespace, peers, routes = self._agree_at_set_up()
+        self._hang_guard.start(self._rank(), self.world_size, namespace, self._trainer(), peers, routes)
         if self._log_sync == "coalesced" and _collective.is_initialized():
-            carry = _collective.is_gloo()  # CPU step values may ride their check where Lightning's sync is gloo's
-            self._sync_queue = SyncQueue(self._reduce_packed, self._hang_guard.check_pack, self.world_size, carry)
+            self._sync_queue = SyncQueue(self._reduce_packed, self._hang_guard.check_pack)
             sync_hooks.start(self._sync_queue)
         setup_checks.start(setup_checks.SetupChecks(RankGroup.from_strategy(self), self._trainer()))
 
@@ -312,7 +311,7 @@ class PolicyStrategyMixin(_Strategy):
 
     @override
     def reduce(self, tensor: Any, group: Any | None = None, reduce_op: Any = "mean") -> Any:
-        tensor = _collective.exact_mean_input(tensor, reduce_op)
+        tensor = exact_mean_input(tensor, reduce_op)
         queue = self._sync_queue
         if queue is not None and _collective.is_world(group):
             synced = queue.take(tensor, reduce_op)  # a logged value: it syncs with the others of its hook or round
@@ -373,15 +372,15 @@ class PolicyStrategyMixin(_Strategy):
         module = self.lightning_module
         return None if module is None else getattr(module, "_trainer", None)
 
-    def _agree_at_set_up(self) -> tuple[str, list[Any]]:
-        """Set-up's one exchange (see :func:`~lightning_ext.strategies._set_up.agree`); returns the store namespace
-        and every rank's introduction to the stall monitor."""
+    def _agree_at_set_up(self) -> tuple[str, list[Any], list[str | None]]:
+        """Set-up's one exchange (see :func:`~lightning_ext.strategies._set_up.agree`); returns the store namespace,
+        every rank's introduction to the stall monitor and its route to ``MASTER_ADDR``."""
         guard = self._hang_guard
         options = (
             self._checkpoint_policy.describe(),
             self._early_stopping_policy.describe(),
             repr(self._per_rank_metrics),
-            repr((guard.mode, guard.uneven_batches, guard.check_unsized_loaders)),
+            repr((guard.mode, guard.uneven_batches, guard.check_unsized_loaders, guard.channel_timeout)),
             repr(self._decision_record),
             repr(guard.preemption_policy),
             repr(guard.stall_options),
@@ -394,7 +393,7 @@ class PolicyStrategyMixin(_Strategy):
         self._run_log_dir = agreed.log_dir
         if ranks.rank == 0 and agreed.record_dir is not None:  # the run's id: its namespace's
             self.decision_file = DecisionFile(agreed.record_dir, agreed.namespace.split("/")[1][:12])
-        return agreed.namespace, agreed.peers
+        return agreed.namespace, agreed.peers, agreed.routes
 
 
 PolicyStrategyMixin.__init__.__signature__ = mixin_signature(PolicyStrategyMixin.__init__)  # type: ignore[attr-defined]

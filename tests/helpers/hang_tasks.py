@@ -128,7 +128,8 @@ def lockstep_verdicts(namespace: str, identities: list[Any]) -> list[Any]:
 
     from lightning_ext._checks.lockstep import Lockstep
     from lightning_ext._checks.points import Point
-    from lightning_ext._collective import CheckChannel
+    from lightning_ext._collective import CheckChannel, default_store
+    from lightning_ext._network import Place
     from lightning_ext._watch.facts import Recorder
     from lightning_ext._watch.watchdog import Watchdog
 
@@ -136,7 +137,9 @@ def lockstep_verdicts(namespace: str, identities: list[Any]) -> list[Any]:
     if lockstep is None:
         rank, world = dist.get_rank(), dist.get_world_size()
         watchdog = Watchdog(namespace, Recorder(rank, world, None))
-        lockstep = _LOCKSTEPS[namespace] = Lockstep(CheckChannel(watchdog.store, rank, world), watchdog, lambda: None)
+        channel = CheckChannel(rank, world)
+        channel.connect(default_store(namespace), Place("127.0.0.1"), 60.0)
+        lockstep = _LOCKSTEPS[namespace] = Lockstep(channel, watchdog, lambda: None)
     results: list[Any] = []
     for identity in identities:
         point = Point("collective", tuple(identity), f"identity {identity}")
