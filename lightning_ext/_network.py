@@ -52,11 +52,20 @@ def is_loopback(address: str) -> bool:
 
 def interface_of(address: str) -> str | None:
     """The name of this host's network interface that holds ``address`` (``eth0``), for messages."""
+    return next((name for name, found in _interfaces().items() if address in found), None)
+
+
+def _interfaces() -> dict[str, list[str]]:
+    """Every network interface's addresses, IPv4 first (empty if they cannot be read: they are for messages only)."""
     try:
-        interfaces = psutil.net_if_addrs()
-    except Exception:  # a name for people only
-        return None
-    return next((name for name, found in interfaces.items() if any(one.address == address for one in found)), None)
+        found = psutil.net_if_addrs()
+    except Exception:
+        return {}
+    order = {socket.AF_INET: 0, socket.AF_INET6: 1}
+    return {
+        name: [one.address for one in sorted(entries, key=lambda one: order.get(one.family, 2)) if one.family in order]
+        for name, entries in found.items()
+    }
 
 
 @dataclass(frozen=True)
@@ -68,13 +77,15 @@ class Place:
     interfaces: tuple[str, ...] = ()
 
     def describe(self) -> str:
-        """``address 10.0.0.2 (interface eth0)``: the place, for people."""
+        """``address 10.0.0.2 on interface eth0``: the place, for people."""
         if self.interfaces:
-            return f"interface {', '.join(self.interfaces)} ({IFNAME_VARIABLE})"
+            known = _interfaces()
+            named = [f"{name} ({known[name][0]})" if known.get(name) else name for name in self.interfaces]
+            return f"interface {', '.join(named)} from {IFNAME_VARIABLE}"
         if self.address is None:
             return "the address of this host's name (gloo's default)"
         name = interface_of(self.address)
-        return f"address {self.address}" + (f" (interface {name})" if name else "")
+        return f"address {self.address}" + (f" on interface {name}" if name else "")
 
 
 def channel_place(rank: int, routes: Sequence[str | None], hosts: Sequence[str]) -> Place:

@@ -6,6 +6,7 @@ without the checks, or raises one ``CheckChannelError`` (docs/multi-node.md, "Wh
 
 import json
 import os
+import re
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -46,7 +47,7 @@ def open_channel(
         channel.close()
         partner = channel.partner if channel.partner is not None else rank
         theirs = _place_of(store, partner) or f"rank {partner}"
-        reason = str(error).strip().splitlines()[0][:300]
+        reason = re.sub(r"\[[^\]]*\.(cc|cpp|h):\d+\] ?", "", str(error).strip().splitlines()[0])[:200]
         failure = f"rank {rank} ({hosts[rank]}, {place.describe()}) could not connect to {theirs}: {reason}"
     outcome = _collective.agree_in_store(store, "channel", rank, len(hosts), failure, timeout + _MARGIN)
     if outcome is None:
