@@ -29,7 +29,7 @@ _SPENT = {
 
 def _set_up_s(launch: dict[str, Any]) -> float:
     """From the launch to the last rank's first batch of its first fit, in seconds."""
-    return max(rank["fits"][0]["first_batch"] for rank in launch["ranks"]) - launch["launched"]
+    return float(max(rank["fits"][0]["first_batch"] for rank in launch["ranks"]) - launch["launched"])
 
 
 def _parts(launch: dict[str, Any]) -> dict[str, float]:
