@@ -2,8 +2,9 @@
 
 The first statement notes the time: the parent compares it, and each rank's first batch, with its own clock before
 the launch. Configurations: ``stock`` (Lightning's ``DDPStrategy``; lightning-ext is not even imported), ``unsynced``
-(stock, the values logged with ``sync_dist=False``: what logging costs with no sync) and ``defaults``
-(``PolicyDDPStrategy()``). Each fit logs ``values`` values per step; rank 0 times its steps.
+(stock, the values logged with ``sync_dist=False``: what logging costs with no sync), ``defaults``
+(``PolicyDDPStrategy()``) and ``pitfall`` (the defaults; rank 0 alone logs one more synced value at its second batch,
+under ``if self.trainer.is_global_zero:``). Each fit logs ``values`` values per step; rank 0 times its steps.
 """
 
 import time
@@ -22,7 +23,7 @@ from lightning.pytorch.strategies import DDPStrategy  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 CONFIG, PLAN, OUT = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
-if CONFIG == "defaults":
+if CONFIG in ("defaults", "pitfall"):
     from lightning_ext import PolicyDDPStrategy
 IMPORTED = time.time()
 FEATURES, BATCH = 16, 8
@@ -34,6 +35,7 @@ class Model(L.LightningModule):
     def __init__(self, values: int, synced: bool) -> None:
         super().__init__()
         self.values, self.synced = values, synced
+        self.diverged: float | None = None
         self.net = torch.nn.Sequential(torch.nn.Linear(FEATURES, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
@@ -43,6 +45,9 @@ class Model(L.LightningModule):
         for index in range(self.values):
             self.log(f"train_loss_{index}", loss + index, on_step=True, on_epoch=False, sync_dist=self.synced)
         self.log("train_mae", (prediction - y).abs().mean(), on_step=True, on_epoch=False)
+        if CONFIG == "pitfall" and self.trainer.is_global_zero and batch_idx == 1:
+            self.diverged = time.time()
+            self.log("rank_zero_only_loss", loss, sync_dist=True)  # the founding pitfall
         return loss
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
@@ -79,7 +84,7 @@ def _timed(owner: Any, name: str, spent: dict[str, float]) -> None:
 def _profile(spent: dict[str, float]) -> None:
     """Time the parts of set-up: the process group (stock's), and lightning-ext's own where it runs."""
     _timed(DDPStrategy, "setup_environment", spent)
-    if CONFIG == "defaults":
+    if CONFIG in ("defaults", "pitfall"):
         from lightning_ext._checks import guard
         from lightning_ext._stall import monitor
         from lightning_ext._watch import watchdog
@@ -100,7 +105,7 @@ def main() -> None:
     fits = []
     for values in PLAN["values"]:
         batches = PLAN["skip"] + PLAN["steps"] + 1
-        strategy = PolicyDDPStrategy() if CONFIG == "defaults" else DDPStrategy()
+        strategy = PolicyDDPStrategy() if CONFIG in ("defaults", "pitfall") else DDPStrategy()
         clock = Clock()
         called = time.time()
         trainer = L.Trainer(
@@ -123,9 +128,25 @@ def main() -> None:
         data = TensorDataset(
             torch.randn(size, FEATURES, generator=generator), torch.randn(size, 1, generator=generator)
         )
-        trainer.fit(Model(values, CONFIG != "unsynced"), DataLoader(data, batch_size=BATCH))
+        model = Model(values, CONFIG != "unsynced")
+        error: dict[str, Any] = {}
+        try:
+            trainer.fit(model, DataLoader(data, batch_size=BATCH))
+        except Exception as raised:
+            error = {"error": type(raised).__name__, "message": str(raised), "at": time.time()}
+        if error and CONFIG != "pitfall":
+            raise RuntimeError(error["message"])
         steps = [b - a for a, b in zip(clock.starts_ns, clock.starts_ns[1:], strict=False)][PLAN["skip"] :]
-        fits.append({"values": values, "called": called, "first_batch": clock.first, "step_ns": steps})
+        fits.append(
+            {
+                "values": values,
+                "called": called,
+                "first_batch": clock.first,
+                "step_ns": steps,
+                "diverged": model.diverged,
+            }
+            | error
+        )
         os.environ["WORLD_SIZE"] = str(world_size)  # LightningEnvironment.teardown removes it after every fit
     found = {"rank": rank, "started": STARTED, "imported": IMPORTED, "fits": fits, "spent": spent}
     with open(os.path.join(OUT, f"rank-{rank}.json"), "w") as handle:

@@ -1,7 +1,8 @@
 """A correct training job with one rank slowed on purpose (``tests/helpers/slow_rank_tasks.py``), as a script.
 
 Usage: ``python slow_rank_job.py OUT_DIR STRATEGY PLAN_JSON`` (STRATEGY: ``ddp``, ``model_parallel``, ``stock``,
-``stock_model_parallel``); ``NUM_NODES`` set means torchrun started one process per rank. Every rank writes
+``stock_model_parallel``); ``NUM_NODES`` set means torchrun started one process per rank; ``DEVICES`` (default 2) is
+the world size otherwise. Every rank writes
 ``OUT_DIR/outcome_<rank>.json``. The hang checks keep their real thresholds.
 """
 
@@ -20,7 +21,7 @@ from tests.helpers.slow_rank_tasks import fit
 def main() -> None:
     out, strategy, plan = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
     nodes = int(os.environ.get("NUM_NODES", "1"))
-    outcome = fit(out, plan, {"strategy": strategy}, 2 // nodes, None, nodes)
+    outcome = fit(out, plan, {"strategy": strategy}, int(os.environ.get("DEVICES", "2")) // nodes, None, nodes)
     rank = dist.get_rank() if dist.is_initialized() else 0
     Path(out, f"outcome_{rank}.json").write_text(json.dumps(outcome))
     if dist.is_initialized():  # see README, "Noticed upstream": exit without it can SIGABRT (gloo)
