@@ -45,10 +45,13 @@ def open_channel(
         channel.connect(store, place, timeout)
     except RuntimeError as error:
         channel.close()
-        partner = channel.partner if channel.partner is not None else rank
-        theirs = _place_of(store, partner) or f"rank {partner}"
         reason = re.sub(r"\[[^\]]*\.(cc|cpp|h):\d+\] ?", "", str(error).strip().splitlines()[0])[:200]
-        failure = f"rank {rank} ({hosts[rank]}, {place.describe()}) could not connect to {theirs}: {reason}"
+        mine = f"rank {rank} ({hosts[rank]}, {place.describe()})"
+        if channel.partner is None:  # its device: the interface or address cannot be bound here
+            failure = f"{mine} could not listen there: {reason}"
+        else:
+            theirs = _place_of(store, channel.partner) or f"rank {channel.partner}"
+            failure = f"{mine} could not connect to {theirs}: {reason}"
     outcome = _collective.agree_in_store(store, "channel", rank, len(hosts), failure, timeout + _MARGIN)
     if outcome is None:
         return channel

@@ -1,0 +1,100 @@
+"""The figures at scale the docs quote: the check's channel, launched fits to 32 ranks, the pitfall at 32, the model.
+
+Each comes from its own results file beside the comm benchmark's (``channel-``, ``fits-``, ``pitfall-<machine>.json``);
+the model's table is computed from :mod:`benchmarks.channel.model` and the round time measured by the channel's.
+"""
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from benchmarks.channel import model
+from benchmarks.channel import report as channel_report
+from benchmarks.fits import pitfall
+from benchmarks.fits import report as fits_report
+
+__all__ = ["FIGURES", "PAGES", "round_us"]
+
+PAGES: dict[str, Callable[[dict[str, Any]], str]] = {  # each results file's Markdown page, written from its JSON
+    "channel": channel_report.markdown,
+    "fits": fits_report.markdown,
+    "pitfall": pitfall.markdown,
+}
+
+
+def path_of(results: Path, kind: str) -> Path:
+    """The results file of ``kind`` beside the comm benchmark's ``results`` file."""
+    return results.with_name(f"{kind}-{results.stem}.json")
+
+
+def _needed(document: dict[str, Any] | None, kind: str) -> dict[str, Any]:
+    if document is None:
+        raise ValueError(f"there are no {kind} results beside the results file (python -m benchmarks.{kind})")
+    return document
+
+
+def round_us(channel: dict[str, Any]) -> float:
+    """Python's time per round of a check, measured: the check's CPU time at 2 ranks (one round), median."""
+    row = next(r for r in channel["rows"] if (r["world_size"], r["busy"], r["subject"]) == (2, False, "check"))
+    return float(row["cpu_p50_us"])
+
+
+def _channel_table(channel: dict[str, Any]) -> str:
+    subjects = ("check", "barrier", "all_reduce", "broadcast")
+    lines = [
+        "| ranks | GIL-competing thread | " + " | ".join(f"`{s}` p50 (p99)" for s in subjects) + " |",
+        "|---:|---|" + "---:|" * len(subjects),
+    ]
+    rows = {(r["world_size"], r["busy"], r["subject"]): r for r in channel["rows"]}
+    for size in sorted({r["world_size"] for r in channel["rows"]}):
+        for busy in (False, True):
+            cells = [rows[size, busy, s] for s in subjects]
+            text = " | ".join(f"{_ms(c['p50_us'])} ({_ms(c['p99_us'])})" for c in cells)
+            lines.append(f"| {size} | {'yes' if busy else 'no'} | {text} |")
+    return "\n" + "\n".join(lines) + "\n"
+
+
+def _ms(micros: float) -> str:
+    return f"{micros / 1000:.2f} ms" if micros < 10_000 else f"{micros / 1000:.0f} ms"
+
+
+def _model_table(channel: dict[str, Any]) -> str:
+    rounds_us = round_us(channel)
+    fast = {(r["world_size"], r["values"]): r for r in model.model_rows(rounds_us, alpha_us=15.0)}
+    lines = [
+        "| ranks | synced values | check rounds | stock: NCCL calls | the check, then one NCCL all-reduce"
+        f" (alpha {model.ALPHA_US:.0f} µs) | the same, alpha 15 µs | the check as gloo's ring all-reduce |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for row in model.model_rows(rounds_us):
+        other = fast[row["world_size"], row["values"]]
+        lines.append(
+            f"| {row['world_size']:,} | {row['values']} | {row['rounds']:.0f} | {row['stock_us']:,.0f} µs"
+            f" | {row['ours_us']:,.0f} µs ({row['ours_us'] / row['stock_us']:.2f}x)"
+            f" | {other['ours_us']:,.0f} µs ({other['ours_us'] / row['stock_us']:.2f}x)"
+            f" | {row['ring_us']:,.0f} µs ({row['ring_us'] / row['stock_us']:.1f}x) |"
+        )
+    return "\n" + "\n".join(lines) + "\n"
+
+
+def _pitfall(result: dict[str, Any]) -> str:
+    return (
+        f"at {result['world_size']} ranks, `{', '.join(result['errors'])}` on every rank, its first line"
+        f" ({result['first_line_chars']} characters) the same on {result['ranks_with_that_first_line']} of"
+        f" {result['world_size']}, {result['seconds_to_last_error']:.1f} s after rank 0 made the call"
+    )
+
+
+Figure = Callable[[dict[str, dict[str, Any] | None]], str]
+FIGURES: dict[str, Figure] = {
+    "channel-date": lambda r: _needed(r["channel"], "channel")["metadata"]["date"][:10],
+    "channel-table": lambda r: _channel_table(_needed(r["channel"], "channel")),
+    "channel-round": lambda r: f"{round_us(_needed(r['channel'], 'channel')):.0f} µs",
+    "model-table": lambda r: _model_table(_needed(r["channel"], "channel")),
+    "fits-date": lambda r: _needed(r["fits"], "fits")["metadata"]["date"][:10],
+    "fits-set-up": lambda r: "\n" + fits_report.set_up_table(_needed(r["fits"], "fits")) + "\n",
+    "fits-steps": lambda r: "\n" + fits_report.step_table(_needed(r["fits"], "fits")) + "\n",
+    "fits-targets": lambda r: "\n" + fits_report.target_lines(_needed(r["fits"], "fits")) + "\n",
+    "pitfall-32": lambda r: _pitfall(_needed(r["pitfall"], "fits.pitfall")),
+    "pitfall-line": lambda r: f"`{_needed(r['pitfall'], 'fits.pitfall')['first_line']}`",
+}
