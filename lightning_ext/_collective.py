@@ -61,11 +61,8 @@ class RankGroup:
 
 
 def gather_rows(row: list[int], ranks: RankGroup) -> list[list[int]]:
-    """Every rank's ``row`` (int64, the same length on every rank), in rank order: one ``all_to_all_single``.
-
-    Each rank sends its row to every rank in one round of messages (W - 1 sent, W received per rank), so its cost
-    does not grow with the row's length as a ring all-reduce's does. At world size 1, no communication.
-    """
+    """Every rank's ``row`` (int64, the same length on every rank), in rank order: one ``all_to_all_single``, one round
+    of messages whose cost does not grow with the row's length as a ring all-reduce's does (none at world size 1)."""
     if ranks.world_size == 1:
         return [list(row)]
     sent = torch.tensor(row * ranks.world_size, dtype=torch.int64, device=ranks.device)
@@ -234,11 +231,14 @@ def _check_buffers() -> _Buffers:
 
 
 def _devices(place: Place) -> list[Any]:
-    """gloo's devices for ``place``: one per named interface, else one bound to its address (gloo's default without)."""
+    """gloo's devices for ``place`` (one per named interface, else one bound to its address), connecting at set-up even
+    with ``TORCH_GLOO_LAZY_INIT`` set: a pair that cannot connect must fail then."""
     gloo = dist.ProcessGroupGloo
     if place.interfaces:
-        return [gloo.create_device(interface=name) for name in place.interfaces]
-    return [gloo.create_device(hostname=place.address) if place.address else gloo.create_default_device()]
+        return [gloo.create_device(interface=name, lazy_init=False) for name in place.interfaces]
+    if place.address:
+        return [gloo.create_device(hostname=place.address, lazy_init=False)]
+    return [gloo.create_default_device(lazy_init=False)]
 
 
 def store_host() -> str | None:

@@ -40,11 +40,12 @@ EXPECTED = {
     "all_gather_on_rank_zero_in_validation": (
         "DivergentCollectiveError",
         "torch.distributed.all_gather (via LightningModule.all_gather) in validation_step (hang_scenarios.py:"
-        f"{GATHERED}) ran on rank 0 only",
+        f"{GATHERED}) ran on rank 0 only; ranks 1-15 went on. Fix: call it on every rank.",
     ),
     "stream_short_on_last_rank": (
         "UnevenBatchesError",
-        "Uneven data in epoch 0: the train dataloader ran out after 4 batch(es) on rank 15 while ranks 0-14 had more",
+        "Uneven data in epoch 0: the train dataloader ran out after 4 batch(es) on rank 15 while ranks 0-14 had more."
+        " Fix: as many batches on every rank.",
     ),
 }
 
@@ -88,7 +89,7 @@ def test_every_one_of_sixteen_ranks_names_the_pitfall_in_the_first_line(scenario
     error, first = EXPECTED[scenario]
     for rank, outcome in runs[scenario].items():
         assert outcome["error"] == error, (rank, outcome)
-        assert outcome["message"].splitlines()[0].startswith(first), (rank, outcome["message"])
+        assert outcome["message"].splitlines()[0] == first, (rank, outcome["message"])
     assert len({outcome["message"] for outcome in runs[scenario].values()}) == 1
 
 
