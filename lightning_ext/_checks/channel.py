@@ -64,7 +64,7 @@ def open_channel(
 
 
 def _place_of(store: Any, rank: int) -> str | None:
-    """``rank 1 (host-b, address 10.0.0.2 (interface eth0))``, as that rank published it (if it got that far)."""
+    """``rank 1 (host-b, address 10.0.0.2 on interface eth0)``, as that rank published it (if it got that far)."""
     key = f"channel/place/{rank}"
     if not store.check([key]):
         return None

@@ -259,6 +259,17 @@ def test_property_a_check_agrees_exactly_when_every_rank_brings_the_same(rank_po
         pool.run("tests.helpers.hang_tasks:lockstep_close", (namespace,))
 
 
+@pytest.mark.slow
+def test_a_check_waits_past_the_channels_set_up_limit_as_long_as_a_training_collective(rank_pools: Any) -> None:
+    """The pairs connect within ``check_channel_timeout``; a check then waits as a training collective does: a rank
+    7 s late to a check whose channel had 5 s to connect (the ranks lined up first) is waited for: gloo's timeout of
+    each exchange, not the group's."""
+    namespace = f"slow-exchange/{uuid.uuid4().hex}/"
+    outcomes = rank_pools(2).run("tests.helpers.hang_tasks:slow_exchange", (namespace, 5.0, 7.0), timeout=120)
+    assert [agreed for agreed, _ in outcomes] == [True, True]
+    assert outcomes[0][1] > 5.0  # rank 0 did wait for the late rank, past the channel's limit
+
+
 # ---- set-up: every misconfiguration raises on every rank, after the set-up gather ----------------------------------
 @pytest.mark.slow
 @pytest.mark.parametrize(

@@ -8,6 +8,7 @@ outcome from the script alone (tests/checks/test_checks.py) and compares it with
 from __future__ import annotations
 
 import math
+import time
 from typing import Any
 
 import lightning as L
@@ -232,3 +233,26 @@ def store_connections_across_fits(log_dir: str, world_size: int) -> list[list[in
         connections = psutil.Process().net_connections(kind="tcp")
         ports.append(sorted(c.laddr.port for c in connections if c.raddr and c.raddr.port == store.port))
     return ports
+
+
+def slow_exchange(namespace: str, timeout: float, delay: float) -> tuple[bool, float]:
+    """Connect a channel within ``timeout`` s (the ranks lined up first), then pass one check, the last rank ``delay``
+    s late: whether every rank agreed, and how long this rank waited."""
+    import torch.distributed as dist
+
+    from lightning_ext._collective import CheckChannel, default_store
+    from lightning_ext._network import Place
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    dist.barrier()
+    channel = CheckChannel(rank, world)
+    channel.connect(default_store(namespace), Place("127.0.0.1"), timeout)
+    if rank == world - 1:
+        time.sleep(delay)
+    started = time.monotonic()
+    exchange = channel.start(7)
+    while not exchange.wait(0.5):
+        pass
+    waited = time.monotonic() - started
+    channel.close()
+    return exchange.agreed, waited
