@@ -23,6 +23,7 @@ from lightning_ext._packages.choice import (
 from lightning_ext._per_rank import local_values
 from lightning_ext._per_rank.logger import RankCSVLogger, loggers_for
 from lightning_ext._per_rank.tensorboard_files import event_files_for
+from lightning_ext._per_rank.writer import PerRankMetrics
 from lightning_ext._preemption.stop import resolve_preemption_policy
 from lightning_ext._setup import checks as setup_checks
 from lightning_ext._stall.monitor import StallOptions
@@ -33,7 +34,6 @@ from lightning_ext._telemetry import step_timer
 from lightning_ext._telemetry.live_stragglers import start_telemetry
 from lightning_ext._telemetry.telemetry import Telemetry
 from lightning_ext.policies import DecisionPolicy, resolve_policy
-from lightning_ext.rank_metrics import PerRankMetrics
 from lightning_ext.strategies import _compat, _runtime
 from lightning_ext.strategies._class_checks import check_base, check_order
 from lightning_ext.strategies._options import StrategyOptions, give_init, mixin_signature
