@@ -77,6 +77,22 @@ def _model_table(channel: dict[str, Any]) -> str:
     return "\n" + "\n".join(lines) + "\n"
 
 
+def _model_verdict(channel: dict[str, Any]) -> str:
+    """Where the check (and one NCCL all-reduce) is ahead of stock and where behind, on each network, by values."""
+    parts = []
+    for alpha in (model.ALPHA_US, 15.0):
+        rows = model.model_rows(round_us(channel), alpha_us=alpha)
+        said = []
+        for count in sorted({row["values"] for row in rows}):
+            mine = [row for row in rows if row["values"] == count]
+            behind = [f"{row['world_size']:,}" for row in mine if row["ours_us"] > row["stock_us"]]
+            ratios = [row["ours_us"] / row["stock_us"] for row in mine]
+            where = f"behind at {', '.join(behind)} ranks" if behind else "ahead at every size"
+            said.append(f"{count} value(s): {min(ratios):.2f}-{max(ratios):.2f}x stock's, {where}")
+        parts.append(f"with alpha {alpha:.0f} µs, " + "; ".join(said))
+    return ". ".join(parts)
+
+
 def _pitfall(result: dict[str, Any]) -> str:
     return (
         f"at {result['world_size']} ranks, `{', '.join(result['errors'])}` on every rank, its first line"
@@ -91,6 +107,7 @@ FIGURES: dict[str, Figure] = {
     "channel-table": lambda r: _channel_table(_needed(r["channel"], "channel")),
     "channel-round": lambda r: f"{round_us(_needed(r['channel'], 'channel')):.0f} µs",
     "model-table": lambda r: _model_table(_needed(r["channel"], "channel")),
+    "model-verdict": lambda r: _model_verdict(_needed(r["channel"], "channel")),
     "fits-date": lambda r: _needed(r["fits"], "fits")["metadata"]["date"][:10],
     "fits-set-up": lambda r: "\n" + fits_report.set_up_table(_needed(r["fits"], "fits")) + "\n",
     "fits-steps": lambda r: "\n" + fits_report.step_table(_needed(r["fits"], "fits")) + "\n",
