@@ -316,10 +316,11 @@ def test_collective_calls_are_counted_and_reported_while_a_rank_waits_in_one(ran
 
 @pytest.mark.slow
 def test_a_second_run_in_a_process_opens_no_new_store_connection(rank_pools: Any, tmp_path: Path) -> None:
-    """The checks' and the stall report's store connections serve the next run of the process (opening one costs a
-    reverse lookup of the server's address, which a slow resolver holds for seconds)."""
+    """The store connections that the checks and the stall report open (on first use: a normal run opens only its
+    watchdog thread's) serve the next run of the process (opening one costs a reverse lookup of the server's address,
+    which a slow resolver holds for seconds)."""
     ports = rank_pools(2).run("tests.helpers.hang_tasks:store_connections_across_fits", (str(tmp_path), 2))
     for after_first, after_second in ports:
         # no connection after the second fit that was not there after the first (some of the first's may close late)
         assert set(after_second) <= set(after_first), ports
-        assert len(after_second) >= 3, ports  # the run's three connections, kept for the next one
+        assert len(after_second) >= 2, ports  # the default group's, and the watchdog's, kept for the next run
