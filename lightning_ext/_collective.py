@@ -248,11 +248,8 @@ def store_host() -> str | None:
 
 
 def agree_in_store(store: Any, key: str, rank: int, world_size: int, failure: str | None, timeout: float) -> str | None:
-    """Every rank's outcome of a step: ``None`` if it succeeded on every rank, else the first failure reported.
-
-    Each rank reports once; the last one writes the outcome, which every rank reads: a few store operations per rank at
-    any world size. Where not every rank reports within ``timeout`` seconds, the outcome says how many did.
-    """
+    """Every rank's outcome of a step: ``None`` where it succeeded on every rank, else the first failure (or how many
+    reported within ``timeout`` s). The last rank to report writes it: a few store operations per rank at any size."""
     if failure is not None:
         store.compare_set(f"{key}/failed", "", failure)
     if int(store.add(f"{key}/reported", 1)) == world_size:
@@ -299,12 +296,11 @@ def store_client(namespace: str) -> "StoreClient":
 
 
 class StoreClient:
-    """A store connection to the default group's server, under a namespace, opened when first used.
+    """A store connection to the default group's server, under a namespace, opened on first use or in the background.
 
-    Its own connection, because a TCPStore client serves one request at a time: a watchdog blocked in ``wait`` on the
-    default group's client would stall every store operation of the training thread. Opened on first use, and reused
-    once given back (:func:`release_store_clients`): opening one costs a reverse lookup of the server's address, which
-    a slow resolver can hold for its whole timeout (5 s by default), so no run's set-up waits for one.
+    Its own, because a TCPStore client serves one request at a time (a watchdog blocked in ``wait`` on the default
+    group's would stall the training thread's); reused once given back (:func:`release_store_clients`): opening one
+    costs a reverse lookup of the server's address, which a slow resolver holds for 5 s, so set-up waits for none.
     """
 
     def __init__(self, namespace: str) -> None:
@@ -312,10 +308,17 @@ class StoreClient:
         self.opened: Any = None
 
     def __getattr__(self, name: str) -> Any:
+        return getattr(self._open(), name)
+
+    def open_in_background(self) -> None:
+        """Open the connection now, in a thread of its own: ready for the error path, and no wait for set-up."""
+        threading.Thread(target=self._open, name="lightning-ext-store-client", daemon=True).start()
+
+    def _open(self) -> Any:
         with self._lock:
             if self.opened is None:
                 self.opened = PrefixStore(self._namespace, _root_store())
-        return getattr(self.opened, name)
+            return self.opened
 
 
 def release_store_clients(clients: list[Any]) -> None:
@@ -364,12 +367,8 @@ def training_timeout() -> timedelta:
 
 @contextlib.contextmanager
 def lightning_barrier_skipped() -> Iterator[None]:
-    """Within the block, ``torch.distributed.barrier`` does nothing.
-
-    Lightning's ``_sync_ddp`` runs a barrier before each all-reduce; a lightning-ext check has just lined the ranks up
-    at the same call, so that barrier would only add a collective. The all-reduce itself still runs, as Lightning
-    runs it.
-    """
+    """Within the block, ``torch.distributed.barrier`` does nothing: Lightning's ``_sync_ddp`` runs one before each
+    all-reduce, and a lightning-ext check has just lined the ranks up there. The all-reduce still runs, as stock's."""
     barrier = dist.barrier
     dist.barrier = _no_barrier
     try:

@@ -65,6 +65,7 @@ class Watchdog:
         # opened on first use, so that none blocks the other's store operations
         self._quick = _collective.default_store(namespace)
         self._store = _collective.store_client(namespace)  # the training thread's, for waits (asking, gathering)
+        self._store.open_in_background()  # ready when an error needs it, without set-up waiting for it
         self._thread_store = _collective.store_client(namespace)  # the watchdog thread's, so it never blocks ours
         self._posted: ErrorRecord | None = None
         self.on_error: Callable[[], None] = _nothing  # set by the owner: what to do when an error is posted
