@@ -20,7 +20,7 @@ _.wait_count
 _.stopping_reason
 _.val_check_batch
 _.reduce_boolean_decision
-# Lightning's Logger interface, which RankCSVLogger implements
+# Lightning's Logger interface, which RankMetricsLogger implements
 _.log_hyperparams
 _.finalize
 # parameters that a protocol names (Lightning's hooks and save_checkpoint, the context-manager protocol)
@@ -43,7 +43,7 @@ _.mean_us
 _.samples
 # public API used by users and the tests, not by lightning-ext itself
 _.for_rank  # RankMetricsWriter.for_rank
-_.rows_logged  # RankCSVLogger.rows_logged, read by tests/helpers/scripts/killed_rank.py
+_.rows_logged  # RankMetricsLogger.rows_logged, read by tests/helpers/scripts/killed_rank.py
 # Lightning's own state, set by lightning-ext and read by Lightning's loops and users' callbacks
 _.received_sigterm  # _SignalConnector.received_sigterm, set by the coordinated stop (_preemption/stop.py)
 # torch's gloo reads these options of a group it creates (the checks' pair groups, _collective.CheckChannel.connect)

@@ -42,6 +42,7 @@ _EXPORTS = {
     "RankZero": "lightning_ext.policies",
     "StallError": "lightning_ext.errors",
     "StragglerWarning": "lightning_ext.errors",
+    "UnsyncedReadWarning": "lightning_ext.errors",
     "VotePolicy": "lightning_ext.policies",
     "VoteTally": "lightning_ext.policies",
     "available_policies": "lightning_ext.policies",
@@ -77,6 +78,7 @@ __all__ = [
     "RankZero",
     "StallError",
     "StragglerWarning",
+    "UnsyncedReadWarning",
     "VotePolicy",
     "VoteTally",
     "available_policies",
@@ -105,6 +107,7 @@ if TYPE_CHECKING:
         RankMetricsWarning,
         StallError,
         StragglerWarning,
+        UnsyncedReadWarning,
     )
     from lightning_ext.policies import (
         AggregatePolicy,

@@ -5,7 +5,6 @@ import os
 import pickle
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -19,6 +18,7 @@ from lightning_ext._network import Place
 
 __all__ = [
     "FILLED",
+    "STORE_ERRORS",
     "CheckChannel",
     "CheckExchange",
     "RankGroup",
@@ -32,7 +32,6 @@ __all__ = [
     "is_communication_failure",
     "is_initialized",
     "is_world",
-    "lightning_barrier_skipped",
     "release_store_clients",
     "store_client",
     "store_host",
@@ -41,6 +40,9 @@ __all__ = [
 ]
 
 _STORE_TIMEOUT = timedelta(minutes=30)
+# what a store raises when it is gone (its server's process ended) or a wait times out: torch.distributed's
+# DistNetworkError and DistStoreError, RuntimeErrors, as is an operation a store lacks (NotImplementedError)
+STORE_ERRORS: tuple[type[Exception], ...] = (RuntimeError,)
 _GATHER_TIMEOUT = timedelta(seconds=60)
 
 
@@ -359,33 +361,19 @@ def training_timeout() -> timedelta:
     """The default process group's timeout (what ends a stuck collective of the training group), else 30 minutes."""
     group = dist.distributed_c10d._get_default_group()
     for device in ("cpu", "cuda"):
-        with contextlib.suppress(Exception):
+        # no backend for that device (RuntimeError), or a backend whose options do not say (private API)
+        with contextlib.suppress(RuntimeError, AttributeError):
             timeout: timedelta = group._get_backend(torch.device(device)).options._timeout
             return timeout
     return _STORE_TIMEOUT
-
-
-@contextlib.contextmanager
-def lightning_barrier_skipped() -> Iterator[None]:
-    """Within the block, ``torch.distributed.barrier`` does nothing: Lightning's ``_sync_ddp`` runs one before each
-    all-reduce, and a lightning-ext check has just lined the ranks up there. The all-reduce still runs, as stock's."""
-    barrier = dist.barrier
-    dist.barrier = _no_barrier
-    try:
-        yield
-    finally:
-        dist.barrier = barrier
-
-
-def _no_barrier(*args: Any, **kwargs: Any) -> None:
-    return None
 
 
 def abort_process_groups() -> None:
     """Abort this rank's pending collectives on the training group, where the backend can (NCCL). A gloo collective
     fails as soon as the peer's process ends; aborting it would leave the group unusable for a later run."""
     if is_initialized() and dist.get_backend() != "gloo":
-        with contextlib.suppress(Exception):
+        # a torch without the (private) abort, or a backend that cannot: its collectives then fail at its timeout
+        with contextlib.suppress(AttributeError, RuntimeError):
             dist.distributed_c10d._abort_process_group()
 
 

@@ -14,10 +14,10 @@ import pandas as pd
 
 from lightning_ext._decisions.record_format import COLUMNS, changed_something, json_row
 from lightning_ext._files.csv_format import GRADIENT_WAIT_S, RSS_BYTES, STEP_S, TELEMETRY_COLUMNS
+from lightning_ext._rank_lists import ranks_text
 from lightning_ext._reading.reader import ReadReport, Request, read_table
-from lightning_ext._reading.same_run import rank_ranges
 from lightning_ext._summaries.number_format import csv_text, json_value
-from lightning_ext._summaries.spread import MetricSpread
+from lightning_ext._summaries.spread import OUTLIER_MARK, ROBUST_Z, MetricSpread
 from lightning_ext._summaries.spread_format import furthest_table, spread_records, spreads_csv, stats_table
 from lightning_ext._summaries.straggler_format import (
     RULE,
@@ -27,6 +27,7 @@ from lightning_ext._summaries.straggler_format import (
     stragglers_text,
 )
 from lightning_ext._summaries.stragglers import phase_medians
+from lightning_ext.check import command as check
 from lightning_ext.decision_record import read_record
 from lightning_ext.rank_metrics import DEFAULT_FILENAME, read_rank_hosts
 from lightning_ext.rank_spread import (
@@ -43,7 +44,6 @@ __all__ = ["main"]
 _PROG = "lightning-ext"
 _PLOT_HINT = "pip install 'lightning-ext[plot]'"
 SIDE_BY_SIDE = 8  # ranks shown side by side; more get the summary at scale
-_ROBUST_Z = "robust z = 0.6745 (value - median) / MAD (mean absolute deviation x 1.2533 when MAD is 0)"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -70,7 +70,7 @@ def _parser() -> argparse.ArgumentParser:
         help="how far the ranks' metrics drift apart",
         description="For each metric, each rank's last value (or its value at --step) across ranks: side by side up"
         f" to {SIDE_BY_SIDE} ranks; beyond, min / median / max / spread and the ranks furthest from the median"
-        f" ({_ROBUST_Z}).",
+        f" ({ROBUST_Z}).",
     )
     ranks.add_argument(
         "log_dir", metavar="LOG_DIR", help="the directory that holds rank_<r>/metrics.csv (a path or an fsspec URL)"
@@ -126,6 +126,7 @@ def _parser() -> argparse.ArgumentParser:
         "--allow-mixed", action="store_true", help="read a record of several runs instead of refusing"
     )
     decisions.set_defaults(run=_run_decisions)
+    check.add_arguments(commands.add_parser("check", help=check.HELP, description=check.DESCRIPTION))
     return parser
 
 
@@ -269,12 +270,12 @@ def _print_text(
     args: argparse.Namespace, table: pd.DataFrame, spreads: list[MetricSpread], report: ReadReport, many: bool
 ) -> None:
     ranks = table["rank"].nunique()
-    incomplete = f", incomplete: rank {', '.join(map(str, report.incomplete))}" if report.incomplete else ""
-    skipped = f", skipped: rank {rank_ranges(report.skipped)}" if report.skipped else ""
+    incomplete = f", incomplete: {ranks_text(report.incomplete, None)}" if report.incomplete else ""
+    skipped = f", skipped: {ranks_text(report.skipped, None)}" if report.skipped else ""
     print(f"{args.log_dir}: {ranks} rank(s), {len(table)} row(s), {len(spreads)} metric(s){incomplete}{skipped}")
     value = "each rank's last value" if args.step == "last" else f"each rank's value at step {args.step}"
     if many:
-        print(f"{value}; {_ROBUST_Z}; * marks |z| > 3.5")
+        print(f"{value}; {ROBUST_Z}; {OUTLIER_MARK}")
         if spreads:
             print(stats_table(spreads))
             furthest = furthest_table(spreads)
@@ -338,7 +339,7 @@ def _document(
         "ranks": int(table["rank"].nunique()),
         "rows": len(table),
         "value": args.step,
-        "robust_z": _ROBUST_Z,
+        "robust_z": ROBUST_Z,
         "metrics": spread_records(spreads),
         "incomplete": [{"rank": rank, "detail": why} for rank, why in sorted(report.incomplete.items())],
         **{note.key: [{"rank": rank, "detail": detail} for rank, detail in note.entries] for note in _notes(report)},

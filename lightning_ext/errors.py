@@ -25,6 +25,7 @@ __all__ = [
     "SeriesNotApplicableError",
     "StallError",
     "UnevenBatchesError",
+    "UnsyncedReadWarning",
 ]
 
 
@@ -86,6 +87,12 @@ class CheckChannelError(CrossRankError):
 class CheckChannelWarning(UserWarning):
     """The hang checks' channel could not connect at set-up: every rank goes on without hang checks (the message says
     where it failed and how to fix it)."""
+
+
+class UnsyncedReadWarning(UserWarning):
+    """A value logged with ``sync_dist=True`` was read inside the hook that logged it, before it synced: this rank's
+    own value, where stock Lightning gives the synced one. The first line names the key, the file and line, what stock
+    gives there and the fix (read it after the hook, or ``log_sync="per_value"``); warned once per line."""
 
 
 class InitModuleWarning(UserWarning):

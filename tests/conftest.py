@@ -64,15 +64,22 @@ os.environ.setdefault("RES_OPTIONS", "timeout:1 attempts:1")
 
 
 class _Pools:
-    """One rank pool per world size, started on first use and kept for the whole session."""
+    """One rank pool per world size, started on first use and kept for the whole session; at most ``LIVE`` of them
+    running at once (the least recently used is stopped, and started again when asked for): every pytest-xdist worker
+    has pools of its own, and each rank holds torch in memory."""
+
+    LIVE = 2
 
     def __init__(self) -> None:
         self._pools: dict[int, RankPool] = {}
 
     def __call__(self, world_size: int) -> RankPool:
-        if world_size not in self._pools:
-            self._pools[world_size] = RankPool(world_size)
-        return self._pools[world_size]
+        pool = self._pools.pop(world_size, None) or RankPool(world_size)
+        self._pools[world_size] = pool  # the most recently used last
+        if not pool.running:
+            for other in [p for p in self._pools.values() if p is not pool and p.running][: -(self.LIVE - 1) or None]:
+                other.close()
+        return pool
 
     def running(self) -> list[RankPool]:
         """The pools whose ranks are up."""
@@ -89,6 +96,13 @@ def rank_pools() -> Iterator[_Pools]:
     pools = _Pools()
     yield pools
     pools.close()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark ``pool`` every test that uses the rank pools (``make test-fast`` leaves them out)."""
+    for item in items:
+        if "rank_pools" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.pool)
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:

@@ -30,14 +30,64 @@ def test_the_top_level_holds_at_most_twelve_modules_besides_the_subsystem_folder
     assert {"_decisions", "_checks", "_stall", "_preemption", "_per_rank", "strategies", "patches", "demo"} <= _FOLDERS
 
 
-def test_no_module_is_over_400_lines_and_each_module_docstring_is_at_most_five_lines() -> None:
+# A module holds one concern in at most 400 lines. A module listed here holds one concept that needs more room: a
+# split would cut it by size, not by concern (as `_checks/uneven_text.py` once was). Its own limit, and why.
+LINES = 400
+LONGER = {
+    "_checks/messages.py": (
+        450,
+        "every error the hang checks raise, worded by one set of rules (the first line's length, the culprit's call and"
+        " line, the ranks grouped, the fix): the uneven-data messages are chosen by the same dispatch",
+    ),
+}
+
+
+def test_no_module_is_over_its_line_limit_and_each_module_docstring_is_at_most_five_lines() -> None:
     for module in MODULES:
         text = (PACKAGE / module).read_text(encoding="utf-8")
-        assert text.count("\n") <= 400, f"{module} has {text.count(chr(10))} lines: split it by concern"
+        limit = LONGER.get(module, (LINES, ""))[0]
+        assert text.count("\n") <= limit, (
+            f"{module} has {text.count(chr(10))} lines (limit {limit}): split it by concern"
+        )
         docstring = ast.get_docstring(ast.parse(text), clean=False)
         assert docstring, f"{module} has no module docstring"
         lines = docstring.strip("\n").split("\n")
         assert len(lines) <= 5, f"{module}'s docstring has {len(lines)} lines: the rest belongs in docs/"
+
+
+def test_each_longer_module_needs_its_room_and_the_page_states_its_limit() -> None:
+    page = (REPO / "docs" / "architecture.md").read_text(encoding="utf-8")
+    for module, (limit, _) in LONGER.items():
+        lines = (PACKAGE / module).read_text(encoding="utf-8").count("\n")
+        assert lines > LINES, f"{module} has {lines} lines: it no longer needs its own limit; drop it from LONGER"
+        assert f"`{module}` up to {limit} lines" in page, f"docs/architecture.md does not state {module}'s limit"
+
+
+BROAD_HANDLERS = 15  # at most, in the whole package (Lightning has 9 in 28,000 lines)
+_BROAD = re.compile(r"except Exception\b|suppress\(Exception\)")
+
+
+def test_broad_exception_handlers_are_few_and_each_says_what_it_guards_and_why_nothing_narrower() -> None:
+    """``except Exception`` and ``contextlib.suppress(Exception)``: each one's comment (on its line, or the comment
+    lines just above or below it) names what it guards and why nothing narrower will do."""
+    found, silent = [], []
+    for module in MODULES:
+        lines = (PACKAGE / module).read_text(encoding="utf-8").splitlines()
+        for number, line in enumerate(lines):
+            if not _BROAD.search(line.split("#", 1)[0]):
+                continue
+            found.append(f"{module}:{number + 1}")
+            around = [line.split("#", 1)[1] if "#" in line else ""]
+            for step in (-1, 1):
+                at = number + step
+                while 0 <= at < len(lines) and lines[at].lstrip().startswith("#"):
+                    around.append(lines[at].strip().lstrip("#"))
+                    at += step
+            comment = " ".join(" ".join(around).split()).lower()
+            if "guards" not in comment or "nothing narrower" not in comment:
+                silent.append(f"{module}:{number + 1}")
+    assert len(found) <= BROAD_HANDLERS, f"{len(found)} broad handlers (at most {BROAD_HANDLERS}): {found}"
+    assert not silent, f"broad handlers without a comment saying what they guard and why nothing narrower: {silent}"
 
 
 # ---- the rules the page states ------------------------------------------------------------------------------------

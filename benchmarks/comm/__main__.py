@@ -27,7 +27,7 @@ from benchmarks.comm.row_cost import record_costs, row_costs
 from benchmarks.comm.session import SessionResult
 from benchmarks.comm.stall_cost import stall_costs
 from benchmarks.comm.sync_cost import sync_costs
-from benchmarks.comm.training import ROW_LOOPS_PER_STEP, SKIP_STEPS
+from benchmarks.comm.training import BASELINES, CONFIGS, ROW_LOOPS_PER_STEP, SKIP_STEPS
 from benchmarks.helpers.machine import default_machine, load_average
 
 __all__ = ["main"]
@@ -70,6 +70,13 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--train-steps", type=int, help=f"timed training steps per fit ({FULL.train_steps})")
     parser.add_argument("--repeats", type=int, help=f"timed fits per training configuration ({FULL.repeats})")
     parser.add_argument("--smoke", action="store_true", help="tiny counts for CI, unless given explicitly")
+    parser.add_argument(
+        "--training-configs",
+        nargs="+",
+        choices=CONFIGS,
+        metavar="NAME",
+        help="a trimmed run: only these training configurations and their baselines (default: all)",
+    )
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"), help="default: benchmarks/results")
     parser.add_argument("--machine", help="names the output files (default: the CUDA device, or cpu-<N>core-<arch>)")
     parser.add_argument("--seed", type=int, default=FULL.seed, help="default: 0")
@@ -79,7 +86,13 @@ def _parser() -> argparse.ArgumentParser:
 def _counts(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Counts:
     base = SMOKE if args.smoke else FULL
     chosen = {name: getattr(args, name) for name in ("decisions", "warmup", "train_steps", "repeats")}
-    counts = Counts(**{k: getattr(base, k) if v is None else v for k, v in chosen.items()}, seed=args.seed)
+    only = args.training_configs or []
+    with_baselines = tuple(dict.fromkeys([*only, *(BASELINES.get(config, "stock") for config in only)]))
+    counts = Counts(
+        **{k: getattr(base, k) if v is None else v for k, v in chosen.items()},
+        seed=args.seed,
+        training_configs=with_baselines,
+    )
     for name, minimum in (("decisions", 1), ("warmup", 0), ("train_steps", 1), ("repeats", 1)):
         if getattr(counts, name) < minimum:
             parser.error(f"--{name.replace('_', '-')} must be at least {minimum}")

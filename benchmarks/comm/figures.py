@@ -25,6 +25,7 @@ __all__ = ["FIGURES", "RESULTS", "Results", "load", "main", "rendered", "stale"]
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "benchmarks" / "results" / "cpu-2core-x86_64.json"
 SYNCED = "synced-{stem}.json"  # the synced-logging benchmark's results, beside RESULTS (python -m benchmarks.synced)
+SCALE = "scale-{stem}.json"  # the scale benchmark's results, beside RESULTS (python -m benchmarks.scale)
 QUOTING = ("README.md", "docs/*.md", "benchmarks/README.md")  # the files that may quote figures
 BLOCK = re.compile(r"(<!-- figure:(?P<name>[a-z0-9-]+) -->)(?P<text>.*?)(<!-- /figure -->)", re.DOTALL)
 
@@ -41,7 +42,8 @@ class Results:
     records: list[RecordCost]
     stalls: list[StallCost]
     synced: dict[str, Any] | None = None  # the synced-logging benchmark's results, where there are some
-    scale: dict[str, dict[str, Any] | None] | None = None  # the channel's, the launched fits', the pitfall's
+    scale: dict[str, Any] | None = None  # the scale benchmark's results, where there are some
+    cluster: dict[str, dict[str, Any] | None] | None = None  # the checks' channel's, the launched fits', the pitfall's
 
     def row(self, subject: str, world_size: int = 2) -> Row:
         return next(row for row in self.rows if (row.subject, row.world_size) == (subject, world_size))
@@ -74,9 +76,10 @@ def _synced_path(path: Path) -> Path:
 
 
 def load(path: Path = RESULTS) -> Results:
-    """The results file at ``path`` (its JSON), with the synced-logging results beside it if there are some."""
+    """The results file at ``path`` (its JSON), with the synced-logging and scale results beside it if there are
+    some."""
     document = json.loads(path.read_text(encoding="utf-8"))
-    synced = _synced_path(path)
+    synced, scale = _synced_path(path), path.with_name(SCALE.format(stem=path.stem))
     return Results(
         document["metadata"],
         [_typed(Row, row) for row in document["rows"]],
@@ -86,6 +89,7 @@ def load(path: Path = RESULTS) -> Results:
         [_typed(RecordCost, cost) for cost in document["record_cost"]],
         [_typed(StallCost, cost) for cost in document["stall_cost"]],
         json.loads(synced.read_text(encoding="utf-8")) if synced.exists() else None,
+        json.loads(scale.read_text(encoding="utf-8")) if scale.exists() else None,
         {kind: _document(scale_figures.path_of(path, kind)) for kind in scale_figures.PAGES},
     )
 
@@ -217,9 +221,55 @@ def _synced_ratios(results: Results) -> str:
     return "; ".join(parts)
 
 
-def _scale(figure: scale_figures.Figure) -> Callable[[Results], str]:
-    """A figure of the results at scale, read from the results' :attr:`Results.scale`."""
-    return lambda results: figure(results.scale or {})
+def _cluster(figure: scale_figures.Figure) -> Callable[[Results], str]:
+    """A figure of the checks' channel at scale, read from the results' :attr:`Results.cluster`."""
+    return lambda results: figure(results.cluster or {})
+
+
+def _scale(results: Results) -> dict[str, Any]:
+    if results.scale is None:
+        raise ValueError("there are no scale results beside the results file (python -m benchmarks.scale)")
+    return results.scale
+
+
+def _writer_walls(results: Results) -> str:
+    """``2.59 µs at 1 writer, 2.66 µs at 2, ... and 27.0 µs at 16``: wall time per row by concurrent writers."""
+    parts = [f"{run['row_wall_us']:#.3g} µs at {run['writers']}" for run in _scale(results)["writer"]]
+    parts[0] += " writer" if _scale(results)["writer"][0]["writers"] == 1 else " writers"
+    return ", ".join(parts[:-1]) + f" and {parts[-1]}"
+
+
+def _writer_peak(results: Results) -> str:
+    peak = max(_scale(results)["writer"], key=lambda run: run["rows_per_s_all"])
+    return f"{peak['rows_per_s_all']:,.0f} rows/s with {peak['writers']}"
+
+
+def _largest_read(results: Results) -> dict[str, Any]:
+    return max(_scale(results)["reader"], key=lambda run: run["ranks"])
+
+
+def _read_memory(results: Results) -> str:
+    largest = _largest_read(results)
+    ours, plain = (largest["memory"][name]["ratio"] for name in ("read_rank_metrics", "plain pandas loop"))
+    return f"{ours:.2f}x at {largest['ranks']:,} ranks, against {plain:.2f}x"
+
+
+def _summary_size(results: Results) -> str:
+    largest = max(_scale(results)["summary"], key=lambda run: run["ranks"])
+    return f"{largest['text_lines']} lines, {largest['text_bytes'] / 1000:.1f} kB"
+
+
+def _checks_verdict(results: Results) -> str:
+    """Whether the default hang checks stay within stock's noise with 1 and with 5 synced values, from both targets."""
+    targets = [results.target(f"training_step/{subject}") for subject in ("hang_checks", "hang_checks_5_synced")]
+    word = "met" if all(target.met for target in targets) else "**missed**"
+    under = all(target.interval is not None and target.interval[1] <= target.limit for target in targets)
+    how = (
+        "the whole interval under the twin's bound in both"
+        if under
+        else "; ".join(f"{n} synced value(s): {t.verdict()}" for n, t in zip((1, 5), targets, strict=True))
+    )
+    return f"The target (within stock's noise, with 1 and with 5 synced values) is {word}, {how}"
 
 
 FIGURES: dict[str, Callable[[Results], str]] = {
@@ -252,7 +302,17 @@ FIGURES: dict[str, Callable[[Results], str]] = {
     "synced-ratios": _synced_ratios,
     "synced-table": lambda results: "\n" + synced_report.table(_synced(results)) + "\n",
     "synced-targets": lambda results: "\n" + synced_report.target_lines(_synced(results)) + "\n",
-    **{name: _scale(figure) for name, figure in scale_figures.FIGURES.items()},
+    "checks-verdict": _checks_verdict,
+    "scale-writer-rows": lambda results: f"{_scale(results)['writer_rows']:,}",
+    "scale-writer-cpu": lambda r: f"{_span([run['row_cpu_us'] for run in _scale(r)['writer']], '{:.1f}')} µs",
+    "scale-writer-walls": _writer_walls,
+    "scale-writer-peak": _writer_peak,
+    "scale-read-size": lambda r: f"{_largest_read(r)['ranks']:,} ranks x {_scale(r)['rows']:,} rows",
+    "scale-read-time": lambda r: f"{_largest_read(r)['ratio']['read_rank_metrics']:.2f}x",
+    "scale-read-memory": _read_memory,
+    "scale-summary-size": _summary_size,
+    "scale-start": lambda results: f"{_scale(results)['start']['median_help_s']:.2f} s",
+    **{name: _cluster(figure) for name, figure in scale_figures.FIGURES.items()},
 }
 
 
@@ -286,7 +346,7 @@ def stale(repo: Path = REPO, results_path: Path = RESULTS) -> list[Path]:
     synced = _synced_path(results_path).with_suffix(".md")
     if results.synced is not None and synced.read_text("utf-8") != synced_report.markdown(results.synced):
         found.append(synced)
-    for kind, document in (results.scale or {}).items():
+    for kind, document in (results.cluster or {}).items():
         page = scale_figures.path_of(results_path, kind).with_suffix(".md")
         if document is not None and page.read_text("utf-8") != scale_figures.PAGES[kind](document):
             found.append(page)

@@ -31,6 +31,7 @@ class Counts:
         train_steps: timed steps per training fit.
         repeats: timed training fits per configuration.
         seed: the seed of every random choice.
+        training_configs: the training configurations to run (a trimmed run), their baselines included; all if empty.
 
     """
 
@@ -39,6 +40,12 @@ class Counts:
     train_steps: int
     repeats: int
     seed: int
+    training_configs: tuple[str, ...] = ()
+
+    @property
+    def configs(self) -> tuple[str, ...]:
+        """The training configurations this run measures, in :data:`~benchmarks.comm.training.CONFIGS` order."""
+        return tuple(config for config in CONFIGS if config in (self.training_configs or CONFIGS))
 
 
 @dataclass(frozen=True)
@@ -85,7 +92,7 @@ def progress_units(spec: SessionSpec, counts: Counts) -> int:
     if spec.decisions:
         units += (counts.warmup + COUNT_ROUNDS + counts.decisions) * len(decision_subjects())
     if spec.training:
-        units += len(CONFIGS) * (1 + counts.repeats) * (SKIP_STEPS + counts.train_steps + 1)
+        units += len(counts.configs) * (1 + counts.repeats) * (SKIP_STEPS + counts.train_steps + 1)
     return units
 
 
@@ -95,5 +102,5 @@ def session_timeout_s(spec: SessionSpec, counts: Counts) -> float:
     if spec.decisions:
         seconds += (counts.warmup + COUNT_ROUNDS + counts.decisions) * len(decision_subjects()) * 0.02 * spec.world_size
     if spec.training:
-        seconds += len(CONFIGS) * (1 + counts.repeats) * (60 + 0.5 * (SKIP_STEPS + counts.train_steps + 1))
+        seconds += len(counts.configs) * (1 + counts.repeats) * (60 + 0.5 * (SKIP_STEPS + counts.train_steps + 1))
     return seconds

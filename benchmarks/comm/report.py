@@ -105,6 +105,8 @@ class Target:
 _STEP_TARGETS = {
     "training_step/per_rank_metrics": STEP_TARGET,
     "training_step/tensorboard": STEP_TARGET,  # against stock with the same TensorBoardLogger
+    "training_step/mlflow": STEP_TARGET,  # against stock with the same MLFlowLogger
+    "training_step/wandb": STEP_TARGET,  # against stock with the same WandbLogger
     "training_step/telemetry": 1.01,
 }
 # the default hang checks must stay within stock-against-itself noise: their ratio at most the upper end of the
@@ -263,7 +265,8 @@ def _verdict(row: Row, targets: list[Target]) -> str:
     where = f"{row.backend}/{row.device} W={row.world_size} {row.subject}"
     mine = [t for t in targets if t.where == where]
     if not mine:
-        if row.subject.endswith(("/stock", "/stock_stream", "/stock_5_synced", "/stock_tensorboard")):
+        stock = ("/stock", "/stock_stream", "/stock_5_synced", "/stock_tensorboard", "/stock_mlflow", "/stock_wandb")
+        if row.subject.endswith(stock):
             return "baseline"
         if row.subject.endswith("_twin"):
             return "noise: stock against itself"

@@ -11,6 +11,8 @@ Two figures per training session, each the median over the repeats with the lowe
 * **per-rank row with TensorBoard**: the same row loop in each timed ``tensorboard`` fit (a ``TensorBoardLogger``
   first: the row also goes to the rank's event file), ended by a flush of the event writer, in CPU time of the whole
   process (the writer's thread, which computes each record's CRC and appends it, included) and of the main thread.
+* **per-rank row with MLflow, with W&B**: the same row loop in each timed ``mlflow`` and ``wandb`` fit (the row also
+  goes to the rank's child run or own run), ended by a flush of the sink, in CPU time of the whole process.
 * **telemetry sample**: the sample loop's time per sample in each timed telemetry fit: one batch's phases timed (the
   backward pass's wait marked), and its row written and kept for the live straggler check (the memory read at most
   once a second, as in training), less the backward pass itself; its share of the median step of the fits without
@@ -18,12 +20,13 @@ Two figures per training session, each the median over the repeats with the lowe
 """
 
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from benchmarks.comm.session import SessionResult
 
 _STEP_SUBJECTS = ("training_step/per_rank_metrics", "training_step_cpu/per_rank_metrics")
 _EVENTS_SUBJECTS = ("training_step/tensorboard", "training_step_cpu/tensorboard")
+_KINDS = ("training_step", "training_step_cpu")
 
 __all__ = ["RecordCost", "RowCost", "Spread", "cost_lines", "record_costs", "record_lines", "row_costs"]
 
@@ -63,6 +66,8 @@ class RowCost:
     events_row_cpu_us: Spread | None = None  # CPU time of the whole process: the event writer's thread included
     events_row_thread_cpu_us: Spread | None = None
     events_row_wall_us: Spread | None = None
+    sink_row_cpu_us: dict[str, Spread] = field(default_factory=dict)  # MLflow's, W&B's: CPU time of the process
+    sink_row_wall_us: dict[str, Spread] = field(default_factory=dict)
 
 
 def row_costs(results: list[SessionResult]) -> list[RowCost]:
@@ -93,6 +98,10 @@ def row_costs(results: list[SessionResult]) -> list[RowCost]:
                 events_row_cpu_us=_spread_us(training.events_row_process_cpu_ns),
                 events_row_thread_cpu_us=_spread_us(training.events_row_cpu_ns),
                 events_row_wall_us=_spread_us(training.events_row_ns),
+                sink_row_cpu_us={
+                    sink: Spread.of([ns / 1000 for ns in v]) for sink, v in training.sink_row_process_cpu_ns.items()
+                },
+                sink_row_wall_us={sink: Spread.of([ns / 1000 for ns in v]) for sink, v in training.sink_row_ns.items()},
             )
         )
     return costs
@@ -126,6 +135,15 @@ def cost_lines(costs: list[RowCost], ratios: dict[tuple[str, str], float]) -> li
                 f" of the process** (the event writer's thread included; range {events.low:.1f} to {events.high:.1f}),"
                 f" {cost.events_row_thread_cpu_us} of the main thread; wall time {cost.events_row_wall_us}; the CSV row"
                 f" alone, above: {cost.row_cpu_us.median:.1f} µs of the main thread.",
+            ]
+        for sink, row in cost.sink_row_cpu_us.items():
+            name = {"mlflow": "an `MLFlowLogger`", "wandb": "a `WandbLogger`"}[sink]
+            wall, cpu = (ratios.get((cost.session, f"{kind}/{sink}"), float("nan")) for kind in _KINDS)
+            lines += [
+                f"- {cost.session}, **training step with per-rank metrics and {name}: {wall:.3f}x stock with the same"
+                f" logger in wall time** (target ≤ 1.03x), {cpu:.3f}x in CPU time of the main thread.",
+                f"- {cost.session}, **one per-rank row with its {sink} sink: {row.median:.1f} µs of CPU time of the"
+                f" process** (range {row.low:.1f} to {row.high:.1f}); wall time {cost.sink_row_wall_us[sink]}.",
             ]
         if cost.sample_cpu_us is not None:
             telemetry = ratios.get((cost.session, "training_step/telemetry"), float("nan"))

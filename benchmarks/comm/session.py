@@ -115,6 +115,7 @@ def rank_main(rank: int, spec: SessionSpec, counts: Counts, workdir: str, port: 
                 seed=counts.seed,
                 workdir=os.path.join(workdir, spec.label.replace("/", "-").replace(" ", "-")),
                 progress=progress,
+                only=counts.configs,
             )
         progress.flush()
         if rank == 0:

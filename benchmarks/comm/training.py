@@ -11,7 +11,8 @@ the ranks carry ``LOCAL_RANK``/``WORLD_SIZE``/...), with the same small model, d
   every step, compared with ``per_rank_metrics`` (the same run without telemetry);
 * ``stock_tensorboard`` and ``tensorboard``: ``stock`` and ``per_rank_metrics`` with a ``TensorBoardLogger`` in place
   of the ``CSVLogger``, so that every rank also writes its rows to its own TensorBoard event file; the second is
-  compared with the first;
+  compared with the first; likewise ``stock_mlflow`` and ``mlflow`` (an ``MLFlowLogger`` on a local file store: every
+  rank's child run), ``stock_wandb`` and ``wandb`` (a ``WandbLogger`` offline: every rank's own run);
 * ``hang_checks``: ``PolicyDDPStrategy()``, the default hang checks (each synced ``self.log`` checked in place of
   Lightning's barrier, the batch counts and epoch-end syncs checked once per epoch);
 * ``hang_checks_debug``: ``PolicyDDPStrategy(hang_checks="debug")`` (measured, no target);
@@ -42,10 +43,10 @@ builds for its loggers, the logging step advancing by one per row, so the writer
 file as in training. Lightning's own work (``self.log``, the row, the stock loggers) is not in the loop, so the time
 per row is lightning-ext's per-rank cost alone, without the noise of a step (the seams' few attribute lookups aside).
 
-In the ``tensorboard`` fits the same row loop also writes each row to the rank's event file, and ends with a flush
-of the event writer (inside the timing), so that the writer thread's share (each record's CRC and append) is in it;
-those rows are timed in CPU time of the whole process as well (the writer's thread included), not only the main
-thread's.
+In the ``tensorboard``, ``mlflow`` and ``wandb`` fits the same row loop also hands each row to the logger's sink, and
+ends with a flush of the sink (inside the timing), so that what it holds is written (TensorBoard's writer thread: each
+record's CRC and append; MLflow: the rows' last batch); those rows are timed in CPU time of the whole process as well
+(the writer's thread included), not only the main thread's. W&B's own process, which writes its runs, is not in it.
 
 **The cost of one telemetry sample.** Likewise, within each timed telemetry fit, at its last batch, the telemetry
 path of one batch runs :data:`ROW_LOOPS_PER_STEP` ``x train_steps`` times on the fit's own objects: the batch and
@@ -92,7 +93,7 @@ import lightning as L
 import torch
 from lightning.fabric.utilities.apply_func import convert_tensors_to_scalars
 from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+from lightning.pytorch.loggers import CSVLogger, Logger, MLFlowLogger, TensorBoardLogger, WandbLogger
 from lightning.pytorch.strategies import DDPStrategy
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
@@ -105,7 +106,16 @@ from lightning_ext._per_rank.logger import loggers_for
 from lightning_ext._telemetry.step_timer import COLLECTIVES, DATA_WAIT, FORWARD, OPTIMIZER, timed_backward
 from lightning_ext._watch import facts
 
-__all__ = ["BASELINES", "CONFIGS", "ROW_LOOPS_PER_STEP", "SKIP_STEPS", "SYNCED", "TrainingResult", "run_training"]
+__all__ = [
+    "BASELINES",
+    "CONFIGS",
+    "ROW_LOOPS_PER_STEP",
+    "SINKS",
+    "SKIP_STEPS",
+    "SYNCED",
+    "TrainingResult",
+    "run_training",
+]
 
 CONFIGS = (
     "stock",
@@ -123,10 +133,16 @@ CONFIGS = (
     "stall_report",
     "stock_tensorboard",
     "tensorboard",
+    "stock_mlflow",
+    "mlflow",
+    "stock_wandb",
+    "wandb",
 )
 # what a configuration is compared with, if not "stock"
 BASELINES = {
     "tensorboard": "stock_tensorboard",
+    "mlflow": "stock_mlflow",
+    "wandb": "stock_wandb",
     "unsized_checks": "stock_stream",
     "telemetry": "per_rank_metrics",
     "stock_5_synced_twin": "stock_5_synced",
@@ -137,6 +153,8 @@ SYNCED = {"stock_5_synced": 5, "stock_5_synced_twin": 5, "hang_checks_5_synced":
 _OPTIONS: dict[str, dict[str, Any]] = {
     "per_rank_metrics": {"per_rank_metrics": True, "hang_checks": False, "stall_timeout": None},
     "tensorboard": {"per_rank_metrics": True, "hang_checks": False, "stall_timeout": None},
+    "mlflow": {"per_rank_metrics": True, "hang_checks": False, "stall_timeout": None},
+    "wandb": {"per_rank_metrics": True, "hang_checks": False, "stall_timeout": None},
     "telemetry": {
         "per_rank_metrics": PerRankMetrics(telemetry=True, telemetry_every_n_steps=1),
         "hang_checks": False,
@@ -150,9 +168,11 @@ _OPTIONS: dict[str, dict[str, Any]] = {
     "stall_report": {"hang_checks": False},
 }
 _STREAMS = ("stock_stream", "unsized_checks")
-_TENSORBOARD = ("stock_tensorboard", "tensorboard")
+SINKS = ("tensorboard", "mlflow", "wandb")  # the configurations whose rows also go to a logger's sink
 # the fits that run a loop at their last batch, and which (see the module docstring)
-_LOOPS = {"per_rank_metrics": "rows", "tensorboard": "rows", "telemetry": "telemetry", "stall_report": "watch"}
+_LOOPS = {"per_rank_metrics": "rows", **dict.fromkeys(SINKS, "rows"), "telemetry": "telemetry", "stall_report": "watch"}
+# the stores of MLflow's file store and W&B's offline runs, in the fit's own directory (no server, no network)
+_STORES = {"MLFLOW_ALLOW_FILE_STORE": "true", "WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_CONSOLE": "off"}
 SKIP_STEPS = 5
 ROW_LOOPS_PER_STEP = 10
 _BATCH = 32
@@ -180,6 +200,8 @@ class TrainingResult:
         events_row_ns: each timed ``tensorboard`` fit's row-loop time per row, the event file's included.
         events_row_cpu_ns: the same in CPU time of the main thread.
         events_row_process_cpu_ns: the same in CPU time of the whole process (the event writer's thread included).
+        sink_row_ns: per sink (``mlflow``, ``wandb``), each timed fit's row-loop time per row, the sink's included.
+        sink_row_process_cpu_ns: the same in CPU time of the whole process.
 
     """
 
@@ -199,6 +221,8 @@ class TrainingResult:
     events_row_ns: list[float] = field(default_factory=list)
     events_row_cpu_ns: list[float] = field(default_factory=list)
     events_row_process_cpu_ns: list[float] = field(default_factory=list)
+    sink_row_ns: dict[str, list[float]] = field(default_factory=dict)
+    sink_row_process_cpu_ns: dict[str, list[float]] = field(default_factory=dict)
 
 
 class _SmallModel(L.LightningModule):
@@ -305,9 +329,9 @@ class _SmallModel(L.LightningModule):
         scalars = convert_tensors_to_scalars(metrics)
         loss_metric, mae_metric = results["training_step.train_loss"], results["training_step.train_mae"]
         step = trainer.fit_loop.epoch_loop._batches_that_stepped + 1_000_000  # after every real row
-        events = rank_logger.events
-        if events is not None:
-            events.flush()  # the fit's own events are written before the timing starts
+        others = [sink for sink in rank_logger.sinks if sink is not rank_logger.csv]  # TensorBoard's, MLflow's, W&B's
+        for sink in others:
+            sink.flush()  # the fit's own rows are written before the timing starts
         process_cpu, cpu, wall = process_time_ns(), thread_time_ns(), perf_counter_ns()
         for row in range(self.row_loops):
             record_update(loss_metric, loss)
@@ -315,8 +339,8 @@ class _SmallModel(L.LightningModule):
             loggers_for(trainer, metrics)
             rank_logger.log_metrics(scalars, step + row)
             rank_logger.save()
-        if events is not None:
-            events.flush()  # the writer thread's share: every record's CRC and append
+        for sink in others:
+            sink.flush()  # what the sinks still hold (TensorBoard: its writer thread's CRCs and appends)
         self.loop_ns, self.loop_cpu_ns = perf_counter_ns() - wall, thread_time_ns() - cpu
         self.loop_process_cpu_ns = process_time_ns() - process_cpu
 
@@ -432,7 +456,7 @@ def _fit(
         strategy=strategy,
         max_epochs=1,
         max_steps=batches,
-        logger=TensorBoardLogger(root) if config in _TENSORBOARD else CSVLogger(root),
+        logger=_logger(config, root),
         log_every_n_steps=1,
         callbacks=[clock],
         enable_checkpointing=False,
@@ -452,6 +476,18 @@ def _fit(
     return model
 
 
+def _logger(config: str, root: str) -> Logger:
+    """The configuration's logger: its sink's for the sink configurations and their stock twins, else a CSVLogger."""
+    kind = config.removeprefix("stock_")
+    if kind == "tensorboard":
+        return TensorBoardLogger(root)
+    if kind == "mlflow":
+        return MLFlowLogger(tracking_uri=f"file:{root}/mlruns")
+    if kind == "wandb":
+        return WandbLogger(project="lightning-ext-bench", save_dir=root)
+    return CSVLogger(root)
+
+
 def run_training(
     *,
     world_size: int,
@@ -460,6 +496,7 @@ def run_training(
     seed: int,
     workdir: str,
     progress: Callable[[int], None],
+    only: tuple[str, ...] = (),
 ) -> TrainingResult:
     """Count, then time, both configurations (see the module docstring); run on every rank of the session.
 
@@ -470,17 +507,21 @@ def run_training(
         seed: the model, data and order seed.
         workdir: a directory shared by the ranks; each fit logs under its own subdirectory.
         progress: called with the number of steps just run.
+        only: the configurations to run (``--training-configs``; their baselines are added by the caller); all if
+            empty.
 
     """
     batches = SKIP_STEPS + train_steps + 1
     row_loops = ROW_LOOPS_PER_STEP * train_steps
+    configs = tuple(config for config in CONFIGS if config in (only or CONFIGS))
+    os.environ.update(_STORES)
     result = TrainingResult(
-        step_ns={config: [] for config in CONFIGS},
-        step_cpu_ns={config: [] for config in CONFIGS},
-        sync_ns={config: [] for config in CONFIGS},
+        step_ns={config: [] for config in configs},
+        step_cpu_ns={config: [] for config in configs},
+        sync_ns={config: [] for config in configs},
         row_loops=row_loops,
     )
-    for config in CONFIGS:
+    for config in configs:
         with count_collectives() as counts:
             clock = _StepClock(counts)
             _fit(
@@ -499,7 +540,7 @@ def run_training(
         progress(batches)
     order = random.Random(seed)  # the same on every rank
     for repeat in range(repeats):
-        for config in order.sample(CONFIGS, len(CONFIGS)):
+        for config in order.sample(configs, len(configs)):
             gc.collect()
             os.sync()  # the previous fit's file writes are not written back inside this one's steps
             sync = _SyncTimer()
@@ -519,6 +560,9 @@ def run_training(
                 result.events_row_ns.append(model.loop_ns / row_loops)
                 result.events_row_cpu_ns.append(model.loop_cpu_ns / row_loops)
                 result.events_row_process_cpu_ns.append(model.loop_process_cpu_ns / row_loops)
+            elif config in SINKS:
+                result.sink_row_ns.setdefault(config, []).append(model.loop_ns / row_loops)
+                result.sink_row_process_cpu_ns.setdefault(config, []).append(model.loop_process_cpu_ns / row_loops)
             elif config == "telemetry":
                 result.sample_ns.append(model.loop_ns / row_loops)
                 result.sample_cpu_ns.append(model.loop_cpu_ns / row_loops)

@@ -3,8 +3,10 @@
 Lightning, torchmetrics and lightning-ext all call collectives through the ``torch.distributed`` module
 (``torch.distributed.all_reduce(...)``), and those functions are what is counted: the real operation still runs.
 Collectives that torch makes from C++ (the DDP gradient buckets) are not counted, and a call such as
-``all_gather_object`` counts once, although it exchanges twice on the wire. lightning-ext's hang checks talk over
-gloo groups of their own, not through those functions: each check is counted as ``"check"``.
+``all_gather_object`` counts once, although it exchanges twice on the wire. Lightning's barrier that lightning-ext's
+counting wrapper skips for the training thread (the ranks were lined up) makes no collective and is not counted.
+lightning-ext's hang checks talk over gloo groups of their own, not through those functions: each check is counted as
+``"check"``.
 """
 
 import functools
@@ -17,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from lightning_ext._collective import CheckChannel
+from lightning_ext._watch.facts import barrier_skipped_now
 
 __all__ = ["COLLECTIVES", "count_bytes", "count_collectives"]
 
@@ -76,7 +79,8 @@ def count_collectives() -> Iterator[Counter[str]]:
 def _counted(function: Callable[..., Any], name: str, counts: Counter[str]) -> Callable[..., Any]:
     @functools.wraps(function)
     def counting(*args: Any, **kwargs: Any) -> Any:
-        counts[name] += 1
+        if name != "barrier" or not barrier_skipped_now():
+            counts[name] += 1
         return function(*args, **kwargs)
 
     return counting

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lightning_ext._checks.points import Point
-from lightning_ext._watch.facts import Call, Facts
+from lightning_ext._watch.rank_facts import Call, Facts
 
 __all__ = ["Stand", "blocked_stand", "culprits", "extra_call_stands", "split_keys", "stand_at"]
 

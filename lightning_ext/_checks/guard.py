@@ -1,8 +1,7 @@
 """``HangGuard``: the hang checks and the stall report of one rank during one run, from set-up to teardown."""
 
-import contextlib
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any, Literal
 
@@ -16,6 +15,7 @@ from lightning_ext._checks.channel import open_channel
 from lightning_ext._checks.lockstep import Lockstep, record_of
 from lightning_ext._checks.messages import signalled_message
 from lightning_ext._checks.points import Point, collective_point
+from lightning_ext._files.storage import guarded
 from lightning_ext._preemption.stop import StopController
 from lightning_ext._stall import monitor as stall
 from lightning_ext._watch.facts import Recorder, SignalConsumer
@@ -24,7 +24,7 @@ from lightning_ext._watch.watchdog import Watchdog, raise_record
 from lightning_ext.errors import is_joint
 from lightning_ext.policies import VotePolicy
 
-__all__ = ["HangChecks", "HangGuard", "UnevenMode", "validate_options"]
+__all__ = ["HangChecks", "HangGuard", "UnevenMode", "active", "validate_options"]
 
 HangChecks = bool | Literal["debug"]
 UnevenMode = Literal["error", "truncate"]
@@ -40,8 +40,16 @@ def validate_options(hang_checks: Any, uneven_batches: Any, check_unsized_loader
         raise TypeError(f"check_unsized_loaders must be a bool, got {check_unsized_loaders!r}")
 
 
+_ACTIVE: "HangGuard | None" = None  # the guard whose watchdog runs now (the evaluation batches' seam asks it)
+
+
+def active() -> "HangGuard | None":
+    """The running guard, if its watchdog runs (the checks, the stall report, or both)."""
+    return _ACTIVE
+
+
 class HangGuard:
-    """The checks of one rank during one fit/validate/test.
+    """The checks of one rank during one fit/validate/test/predict.
 
     Args:
         mode: ``True`` (the default checks) or ``"debug"`` (also every ``all_gather``).
@@ -92,7 +100,7 @@ class HangGuard:
         world_size: int,
         namespace: str,
         trainer: Any,
-        peers: list[tuple[int, str, str | None]],
+        peers: list[stall.Introduction],
         routes: list[str | None],
     ) -> None:
         """Start the checks and the stall monitor, where on (every rank, at set-up, after the process group exists).
@@ -122,6 +130,8 @@ class HangGuard:
         self.monitor = stall.start(self.stall_options, recorder, watchdog, namespace, peers, self._safe_flush)
         if self.monitor is not None:
             watchdog.on_error = self._on_posted
+        global _ACTIVE
+        _ACTIVE = self
 
     def finish(self, trainer: Any) -> None:
         """A last check when a fit/validate/test ends normally: every rank must end it, not wait at another check."""
@@ -132,6 +142,9 @@ class HangGuard:
 
     def stop(self) -> None:
         """Stop the coordinated stop, the checks, the stall monitor and the watchdog (teardown)."""
+        global _ACTIVE
+        if _ACTIVE is self:
+            _ACTIVE = None
         recorder, watchdog, lockstep, monitor = self.recorder, self.watchdog, self.lockstep, self.monitor
         self.recorder = self.watchdog = self.lockstep = self.monitor = None
         preemption, self.preemption = self.preemption, None
@@ -145,8 +158,7 @@ class HangGuard:
             logs.stop()
             loaders.stop()
         recorder.uninstall()
-        with contextlib.suppress(Exception):
-            watchdog.stop()
+        watchdog.stop()  # a store already gone is its own concern (it stops its thread without one)
         if lockstep is not None:
             lockstep.close()
         # once no thread of this run can use them, the store connections serve the next run in this process
@@ -195,13 +207,8 @@ class HangGuard:
         if self.lockstep is None or checks is None or not _collective.is_world(group) or not isinstance(tensor, Tensor):
             return reduce(tensor, group=group, reduce_op=reduce_op)
         logs.check_reduce(checks, tensor, reduce_op)
-        recorder = self.lockstep.recorder
-        recorder.checked = True
-        try:
-            with _collective.lightning_barrier_skipped():  # the check above is that barrier
-                return reduce(tensor, group=group, reduce_op=reduce_op)
-        finally:
-            recorder.checked = False
+        with self.lockstep.recorder.barrier_skipped(checked=True):  # the check above is that barrier
+            return reduce(tensor, group=group, reduce_op=reduce_op)
 
     def check_pack(self, metrics: list[Any], phase: str, layout: tuple[Any, ...]) -> None:
         """Before the coalesced sync of ``metrics``' ``phase`` values (packed as ``layout`` says): a hook's step values
@@ -210,20 +217,25 @@ class HangGuard:
         if self.lockstep is not None and checks is not None and phase == "step":
             logs.check_pack(checks, metrics, layout)
 
-    @contextlib.contextmanager
-    def without_barrier(self) -> Iterator[None]:
-        """Within the block, Lightning's barrier before an all-reduce is skipped: a check lined the ranks up (or, with
-        the checks off, the coalesced sync's all-reduce needs none); the calls there are not the odd ones out."""
-        recorder = None if self.lockstep is None else self.lockstep.recorder
-        with _collective.lightning_barrier_skipped():
-            if recorder is None:
-                yield
-                return
-            recorder.checked = True
-            try:
-                yield
-            finally:
-                recorder.checked = False
+    def without_barrier(self) -> AbstractContextManager[None]:
+        """Within the block, the training thread skips Lightning's barrier before an all-reduce: a check lined the
+        ranks up (or, with the checks off, the coalesced sync's all-reduce needs none), where the counting wrappers are
+        in place. With the checks and the stall report off, ``torch.distributed`` is left alone: the barrier runs."""
+        if self.recorder is None:
+            return nullcontext()
+        return self.recorder.barrier_skipped(checked=self.lockstep is not None)
+
+    def evaluation_batch_ended(self, loop: Any) -> None:
+        """After each evaluation or prediction batch: an error another rank posted ends this rank here (a SIGTERM on
+        one rank outside a fit, a rank that failed); in a fit, so does an agreed preemption stop. No collective."""
+        if self.watchdog is None:
+            return
+        posted = self.watchdog.posted()
+        if posted is not None:
+            self._safe_flush()
+            raise_record(posted)
+        if self.preemption is not None:
+            self.preemption.at_evaluation_batch(loop)
 
     def check_call(self, call: str, identity: tuple[Any, ...], *, debug_only: bool = False) -> None:
         """Check before a collective call of the strategy (``barrier``, ``broadcast``, ``all_gather``)."""
@@ -261,11 +273,14 @@ class HangGuard:
         message) and raised at once; the other ranks learn of it from their watchdogs.
         """
         consumer = None if self.preemption is None else self.preemption.on_signal(name)
-        lockstep = self.lockstep
-        if consumer is not None or name != "SIGTERM" or lockstep is None:
+        watchdog = self.watchdog
+        if consumer is not None or name != "SIGTERM" or watchdog is None:
             return consumer
-        error = errors.RankSignalledError(signalled_message(lockstep.rank, text))
-        lockstep.fail_alone(error)
+        error = errors.RankSignalledError(signalled_message(watchdog.rank, text))
+        if self.lockstep is not None:
+            self.lockstep.fail_alone(error)
+        self._safe_flush()  # no checks: posted through the stall report's watchdog, the same error on every rank
+        raise_record(watchdog.post(record_of(error, watchdog.rank, joint=False, recorder=self.recorder)), cause=error)
 
     def _on_posted(self) -> None:
         """An error was posted (the watchdog thread): join the pending checks; a stall also ends this rank."""
@@ -275,5 +290,5 @@ class HangGuard:
             self.monitor.on_error()
 
     def _safe_flush(self) -> None:
-        with contextlib.suppress(Exception):  # a diagnostic must never stand in the way of the real error
+        with guarded():  # a diagnostic must never stand in the way of the real error
             self._flush()

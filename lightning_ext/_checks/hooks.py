@@ -4,13 +4,14 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
-from lightning_ext._checks import loaders, logs
+from lightning_ext._checks import guard, loaders, logs
 
 __all__ = [
     "after_eval_setup_data",
     "after_fit_setup_data",
     "batch_started",
     "epoch_round",
+    "evaluation_batch_ended",
     "fetch",
     "max_batches",
     "syncing",
@@ -71,3 +72,11 @@ def fetch(fetcher: Any, next_batch: Callable[[], Any]) -> Any:
     if checks.after_fetch(fetcher, exhausted=False, dataloader_index=index):
         raise StopIteration
     return batch
+
+
+def evaluation_batch_ended(loop: Any) -> None:
+    """After each ``_EvaluationLoop._evaluation_step`` and ``_PredictionLoop._predict_step``: another rank's error, or
+    an agreed preemption stop in a fit, ends this rank here."""
+    running = guard.active()
+    if running is not None:
+        running.evaluation_batch_ended(loop)

@@ -9,10 +9,10 @@ from lightning.pytorch.utilities import rank_zero_warn
 
 from lightning_ext import errors
 from lightning_ext._checks.lockstep import Lockstep
-from lightning_ext._checks.messages import FIXES, describe_divergence, first_line
+from lightning_ext._checks.messages import FIXES, batch_counts, count_text, describe_divergence, first_line
 from lightning_ext._checks.points import Point
-from lightning_ext._checks.uneven_text import count_text
-from lightning_ext._watch.rank_text import grouped_lines, ranks_text
+from lightning_ext._rank_lists import ranks_text
+from lightning_ext._watch.rank_text import grouped_lines
 
 __all__ = ["LoaderChecks", "active", "start", "stop"]
 
@@ -163,20 +163,19 @@ def _truncation_message(stage: str, names: list[str], points: list[Point], agree
     parts = []
     for index, name in enumerate(names):
         counts = [p.detail["counts"][index] for p in points]
-        dropped = [
-            f"{int(count - agreed[index])} on rank {rank}" for rank, count in enumerate(counts) if count > agreed[index]
-        ]
-        if dropped:
-            listed = ", ".join(f"rank {rank}: {int(count)}" for rank, count in enumerate(counts))
-            stop = int(agreed[index])
-            parts.append(f"the {name} has {listed} batches; every rank stops at {stop}, dropping {', '.join(dropped)}")
+        longer = [rank for rank, count in enumerate(counts) if count > agreed[index]]
+        if longer:
+            parts.append(
+                f"the {name} has {batch_counts(counts)}; every rank stops at {int(agreed[index])}, dropping the"
+                f" batches past it on {ranks_text(longer, 3)}"
+            )
     return f"lightning-ext uneven_batches='truncate' in {stage}: " + "; ".join(parts) + "."
 
 
 def _truncation_note(name: str, points: list[Point]) -> str:
     ran_out = [rank for rank, p in enumerate(points) if p.detail["done"]]
     return (
-        f"lightning-ext uneven_batches='truncate': the {name} ran out on rank(s) {ran_out} at batch"
+        f"lightning-ext uneven_batches='truncate': the {name} ran out on {ranks_text(ran_out, 3)} at batch"
         f" {min(p.detail['fetched'] for p in points)}; every rank stops this epoch here and the other ranks' remaining"
         " batches are dropped."
     )

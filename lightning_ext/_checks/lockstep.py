@@ -11,7 +11,7 @@ from typing import NoReturn
 from lightning_ext import _collective, errors
 from lightning_ext._checks.messages import describe_deadlock, describe_divergence, signalled_message
 from lightning_ext._checks.points import Label, Point, fingerprint_at, labelled
-from lightning_ext._checks.verdict import deadlock
+from lightning_ext._checks.verdict import diagnosed
 from lightning_ext._watch.facts import Recorder
 from lightning_ext._watch.watchdog import ErrorRecord, Watchdog, raise_record
 from lightning_ext.errors import mark_joint
@@ -161,11 +161,8 @@ class Lockstep:
 
     def _diagnose(self, point: Point, exchange: _collective.CheckExchange) -> None:
         """Ask every rank for its facts; raise if they prove that the missing ranks cannot come (a deadlock)."""
-        others = [rank for rank in range(self.world_size) if rank != self.rank]
-        facts = self.watchdog.facts_of(others)
-        if len(facts) < len(others):  # a rank that does not answer proves nothing (its process may be gone)
-            return
-        found = deadlock(self.count, [self.recorder.snapshot(), *facts.values()])
+        others = self.watchdog.facts_of([rank for rank in range(self.world_size) if rank != self.rank])
+        found = diagnosed(self.recorder.snapshot(), others, self.world_size)
         if found is not None and not exchange.wait(0):  # and this rank's own check has not completed meanwhile
             self.fail_alone(describe_deadlock(point, *found))
 

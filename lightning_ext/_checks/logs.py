@@ -165,7 +165,7 @@ def batch_label(trainer: Any) -> str:
         loop = trainer._evaluation_loop
         stage = "the sanity check" if trainer.sanity_checking else "testing" if trainer.testing else "validation"
         return f"batch_idx {loop.batch_progress.current.ready - 1} of {stage} (epoch {trainer.current_epoch})"
-    except Exception:  # a label for people: never an error of its own
+    except (AttributeError, TypeError):  # a trainer without those loops (half set up): a label for people, no error
         return "this batch"
 
 

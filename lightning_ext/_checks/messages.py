@@ -13,11 +13,20 @@ from typing import Any
 from lightning_ext import errors
 from lightning_ext._checks.culprit import Stand, blocked_stand, culprits, extra_call_stands, split_keys, stand_at
 from lightning_ext._checks.points import LOGGING, Point
-from lightning_ext._checks.uneven_text import loaders_headline, uneven
-from lightning_ext._watch.facts import Facts
-from lightning_ext._watch.rank_text import FIRST_LINE, doing, grouped_lines, ranks_text, short_site, shortened
+from lightning_ext._rank_lists import ranks_text
+from lightning_ext._watch.progress import Progress
+from lightning_ext._watch.rank_facts import Facts
+from lightning_ext._watch.rank_text import FIRST_LINE, doing, grouped_lines, short_site, shortened
 
-__all__ = ["FIXES", "describe_deadlock", "describe_divergence", "first_line", "signalled_message"]
+__all__ = [
+    "FIXES",
+    "batch_counts",
+    "count_text",
+    "describe_deadlock",
+    "describe_divergence",
+    "first_line",
+    "signalled_message",
+]
 
 FIXES = {
     "log": (
@@ -103,11 +112,11 @@ def describe_divergence(points: Sequence[Point]) -> errors.CrossRankError:
     if signalled is not None:
         return errors.RankSignalledError(_text(signalled, "", listing, "signal"))
     kinds = [point.kind for point in points]
-    ran_out = uneven([None if f is None else f.progress for f in facts])
+    ran_out = _uneven([None if f is None else f.progress for f in facts])
     if ran_out is not None and not all(kind == "loaders" for kind in kinds):
         return errors.UnevenBatchesError(_text(ran_out[0], _ADVICE["streams"], ran_out[1], "streams"))
     if all(kind == "loaders" for kind in kinds):
-        head, lines = loaders_headline(points)
+        head, lines = _loaders_headline(points)
         return errors.UnevenBatchesError(_text(head, _ADVICE["loaders"], lines, "loaders"))
     if all(kind in ("loaders", "batch") for kind in kinds):
         return errors.UnevenBatchesError(_text("The ranks ran different numbers of batches.", "", listing, "loaders"))
@@ -120,7 +129,8 @@ def describe_divergence(points: Sequence[Point]) -> errors.CrossRankError:
         if found:
             return _blame(found, everyone, _placed(found, everyone))
         if extra:
-            named = "; ".join(f"rank {stand.rank}: {stand.where}" for stand in list(firsts.values())[:2])
+            lowest = sorted(firsts.values(), key=_rank_of_stand)[:2]  # the two lowest ranks' first extra calls
+            named = "; ".join(f"rank {stand.rank}: {stand.where}" for stand in lowest)
             head = f"A collective call made on some ranks only ({shortened(named, 150)})."
             return errors.DivergentCollectiveError(_text(head, _ADVICE["collectives"], listing, "collective"))
     if all(kind == "step_logs" for kind in kinds) and len({point.identity[:2] for point in points}) == 1:
@@ -142,7 +152,7 @@ def describe_deadlock(point: Point, waiting: Sequence[Facts], missing: Sequence[
     signalled = _signalled(everyone)
     if signalled is not None:
         return errors.RankSignalledError(_text(signalled, "", listing, "signal"))
-    ran_out = uneven([theirs.progress for theirs in everyone])
+    ran_out = _uneven([theirs.progress for theirs in everyone])
     if ran_out is not None:
         return errors.UnevenBatchesError(_text(ran_out[0], _ADVICE["streams"], ran_out[1], "streams"))
     stands = [stand_at(f.rank, point, f) if f.rank in waiting_ranks else blocked_stand(f) for f in everyone]
@@ -301,6 +311,10 @@ def _rank_of(facts: Facts) -> int:
     return facts.rank
 
 
+def _rank_of_stand(stand: Stand) -> int:
+    return stand.rank
+
+
 def _signalled(facts: Sequence[Facts | None]) -> str | None:
     """The headline naming the ranks that received a signal, if any did."""
     having = [(f.rank, f.signal) for f in facts if f is not None and f.signal is not None]
@@ -311,3 +325,114 @@ def _signalled(facts: Sequence[Facts | None]) -> str | None:
         return signalled_message(rank, signal).splitlines()[0]
     others = ranks_text([r for r, _ in having[1:]], 3)
     return first_line(f"Rank {rank} received {signal}, and {others} a signal too: the job would hang.", "")
+
+
+# ---- uneven data: which rank's loader ran out first, and each rank's batches ------------------------------
+def _uneven(progress: Sequence[Progress | None]) -> tuple[str, list[str]] | None:
+    """The headline and detail lines when some rank's data ran out before the others', from each rank's progress.
+
+    The culprit is a rank whose loader ended with fewer batches than another's ended with, or one that is known to
+    have more (a rank that has not run out after as many batches: Lightning fetches one batch ahead); a rank that is
+    only behind in time is never named.
+    """
+    known = [(rank, p) for rank, p in enumerate(progress) if p is not None]
+    if len(known) < 2:
+        return None
+    if len({p.epoch for _, p in known}) == 1:
+        # ran out: not merely elsewhere (a sanity check, a validation in the middle of the epoch)
+        ended = {rank: p.train_batches for rank, p in known if p.train_done}
+        going = {rank: p.train_batches for rank, p in known if p.stage == "train" and not p.train_done}
+        fewest = min(ended.values(), default=0)
+        more = [rank for rank, count in going.items() if ended and count >= fewest]
+        if ended and (more or len(set(ended.values())) > 1):
+            short = [rank for rank, count in ended.items() if count == fewest]
+            longest = max(ended.values())
+            if longest > fewest:
+                other = f"but after {longest} on {ranks_text([r for r, c in ended.items() if c == longest], 3)}"
+            else:
+                other = f"while {ranks_text(more, 3)} had more"
+            head = (
+                f"Uneven data in epoch {known[0][1].epoch}: the train dataloader ran out after {fewest} batch(es) on"
+                f" {ranks_text(short, 3)} {other}."
+            )
+            return head, grouped_lines((rank, _train_progress(p)) for rank, p in known)
+    # the ranks' evaluation runs: a rank with no batches counted there is elsewhere (after the sanity check, whose
+    # counts are reset), so is a rank in the sanity check while another is not
+    known = [(rank, p) for rank, p in known if p.eval_batches]
+    if len(known) < 2 or len({(p.epoch, p.eval_loader, p.stage == "sanity_check") for _, p in known}) > 1:
+        return None
+    loader = known[0][1].eval_loader
+    for index in range(max(len(p.eval_batches) for _, p in known)):
+        counts = [(rank, p.eval_batches[index] if index < len(p.eval_batches) else 0, p) for rank, p in known]
+        fewest = min(count for _, count, _ in counts)
+        short = [rank for rank, count, p in counts if count == fewest and p.eval_done]
+        more = [rank for rank, count, _ in counts if count > fewest]
+        if short and more:
+            head = (
+                f"Uneven data: the {loader} dataloader {index} ran out after {fewest} batch(es) on"
+                f" {ranks_text(short, 3)} while {ranks_text(more, 3)} had more."
+            )
+            lines = grouped_lines(
+                (rank, f"{count} batch(es)" + (", ran out" if p.eval_done else ", more to come"))
+                for rank, count, p in counts
+            )
+            return head, lines
+    return None
+
+
+def _train_progress(progress: Progress) -> str:
+    if progress.train_done:
+        return f"ran out after {progress.train_batches} training batch(es)"
+    if progress.stage == "train":
+        return f"{progress.train_batches} training batch(es) so far, and more to come"
+    return progress.describe()
+
+
+def _loaders_headline(points: Sequence[Point]) -> tuple[str, list[str]]:
+    details: list[Any] = [point.detail for point in points]
+    stage = details[0]["stage"]
+    names = details[0]["names"]
+    if any(detail["stage"] != stage or detail["names"] != names for detail in details):
+        return "The ranks set up different dataloaders.", grouped_lines(
+            (rank, point.where) for rank, point in enumerate(points)
+        )
+    parts = []
+    for position, name in enumerate(names):
+        counts = [detail["counts"][position] for detail in details]
+        if len(set(counts)) > 1:
+            parts.append(f"the {name} has {batch_counts(counts)}")
+    more = f"; and {len(parts) - 1} more dataloader(s)" if len(parts) > 1 else ""
+    lines = grouped_lines(
+        (rank, ", ".join(f"{name}: {_batches(count)}" for name, count in zip(names, detail["counts"], strict=True)))
+        for rank, detail in enumerate(details)
+    )
+    return f"Uneven data in {stage}: {parts[0]}{more}.", lines
+
+
+def batch_counts(counts: Sequence[float]) -> str:
+    """Each rank's batch count (``counts[rank]``), the two fewest with their ranks and the rest as a count of ranks.
+
+    Example:
+        >>> batch_counts([4, 5, 4, 4])
+        '4 batches on ranks 0, 2 and 3 but 5 on rank 1'
+        >>> batch_counts([3, 4, 5, 6, 7])
+        '3 batches on rank 0 but 4 on rank 1, and other counts on 3 more ranks'
+
+    """
+    by_count: dict[float, list[int]] = {}
+    for rank, count in enumerate(counts):
+        by_count.setdefault(count, []).append(rank)
+    ordered = sorted(by_count.items())
+    shown = [f"{_batches(count) if index == 0 else count_text(count)} on {ranks_text(ranks, 2)}"
+             for index, (count, ranks) in enumerate(ordered[:2])]  # fmt: skip
+    rest = sum(len(ranks) for _, ranks in ordered[2:])
+    return " but ".join(shown) + (f", and other counts on {rest} more ranks" if rest else "")
+
+
+def _batches(count: float) -> str:
+    return "no length" if count == float("inf") else f"{int(count)} batch" + ("" if count == 1 else "es")
+
+
+def count_text(count: float) -> str:
+    """A batch count for people: ``"no length"`` for a loader without one."""
+    return "no length" if count == float("inf") else str(int(count))

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from lightning_ext._watch.facts import Facts
+from lightning_ext._watch.rank_facts import Facts
 from lightning_ext._watch.sites import Caller
 
 __all__ = ["LOGGING", "Label", "Point", "collective_point", "fingerprint_at", "labelled"]

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
-from lightning_ext._watch.facts import Facts
+from lightning_ext._watch.rank_facts import Facts
 
-__all__ = ["blocked_by", "deadlock"]
+__all__ = ["blocked_by", "deadlock", "diagnosed"]
 
 
 def blocked_by(waiting: Sequence[Facts], rank: Facts) -> str | None:
@@ -63,3 +63,23 @@ def deadlock(check: int, everyone: Sequence[Facts]) -> tuple[list[Facts], list[F
     if missing and all(blocked_by(waiting, facts) is not None for facts in missing):
         return waiting, missing
     return None
+
+
+def diagnosed(mine: Facts, others: Mapping[int, Facts], world_size: int) -> tuple[list[Facts], list[Facts]] | None:
+    """The deadlock that a rank waiting in a check proves from its own facts (``mine``) and the ``others`` that
+    answered its inquiry, or ``None``.
+
+    The check is the one ``mine`` waits in (its number, as every rank numbers them). A rank that did not answer
+    proves nothing (its process may be gone, or busy): with fewer than ``world_size - 1`` answers, no verdict.
+
+    Example:
+        >>> mine = Facts(0, check=(3, "a synced log"), checks=2, counts={"world": 7}, backwards=1)
+        >>> diagnosed(mine, {1: Facts(1, checks=2, backward=2, backwards=1)}, 2) is not None
+        True
+        >>> diagnosed(mine, {1: Facts(1, checks=2, backward=2, backwards=1)}, 3) is None  # rank 2 did not answer
+        True
+
+    """
+    if mine.check is None or len(others) < world_size - 1:
+        return None
+    return deadlock(mine.check[0], [mine, *others.values()])

@@ -7,6 +7,7 @@ from torch import Tensor
 
 from lightning_ext._collective import RankGroup, all_gather_objects, gather_rows
 from lightning_ext._decisions.rows import Agreement, Observation, RowLayout, agree_rows, pack
+from lightning_ext._rank_lists import ranks_text
 from lightning_ext.errors import LocalDecisionError, MonitorMissingError, mark_joint
 from lightning_ext.policies import (
     AggregatePolicy,
@@ -73,8 +74,8 @@ def _raise_missing(agreement: Agreement, callback: Any, policy: DecisionPolicy, 
     missing = [rank for rank, view in enumerate(agreement.ranks) if view.value is None]
     having = [rank for rank, view in enumerate(agreement.ranks) if view.value is not None]
     message = (
-        f"{_describe(callback)}: the monitored metric {callback.monitor!r} is missing on rank(s) {missing} but"
-        f" logged on rank(s) {having} (world size {len(agreement.ranks)})."
+        f"{_describe(callback)}: the monitored metric {callback.monitor!r} is missing on {ranks_text(missing, None)}"
+        f" but logged on {ranks_text(having, None)} (world size {len(agreement.ranks)})."
     )
     if 0 in having:  # as `self.log(..., rank_zero_only=True)` under `if self.trainer.is_global_zero:` leaves it
         message += (

@@ -150,7 +150,9 @@ def decide_top_k(
                 with own.installed(callback), _local_decisions(trainer.strategy):
                     local = callback.check_monitor_top_k(trainer, current)
                 vote = as_vote(local, f"{type(callback).__name__}.check_monitor_top_k") and math.isfinite(value)
-    except Exception as exc:  # reported on every rank after the exchange, so no rank is left waiting
+    except Exception as exc:  # guards the user's side of a decision: their callback subclass's own methods and
+        # their monitored values (any code, any error). Nothing narrower: whatever it raises is reported on every rank
+        # after the exchange, so that no rank is left waiting in it
         failure, extras = exc, (None,) * len(extra_keys)
 
     layout = row_layout(layout_kind(policy), ranks.world_size, len(extra_keys))

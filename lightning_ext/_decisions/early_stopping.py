@@ -93,7 +93,9 @@ def decide_early_stop(
             if isinstance(policy, VotePolicy):
                 should_stop, reason = callback._evaluate_stopping_criteria(current)
                 vote = as_vote(should_stop, f"{type(callback).__name__}._evaluate_stopping_criteria")
-    except Exception as exc:  # reported on every rank after the exchange
+    except Exception as exc:  # guards the user's side of a decision: their callback subclass's own methods and
+        # their monitored value (any code, any error). Nothing narrower: whatever it raises is reported on every rank
+        # after the exchange, so that no rank is left waiting in it
         failure = exc
 
     layout = row_layout(layout_kind(policy), ranks.world_size, 0)

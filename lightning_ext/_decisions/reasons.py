@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from lightning_ext._decisions.agreement import policy_label
 from lightning_ext._decisions.rows import RankView
+from lightning_ext._rank_lists import ranks_text
 from lightning_ext.policies import AggregatePolicy, AllRanks, AnyRank, DecisionPolicy, Majority, Quorum, RankZero
 
 __all__ = ["StopState", "TopKState", "stop_reason", "topk_reason"]
@@ -128,7 +129,7 @@ def _votes(
     elif not other and len(voters) == len(ranks) > 1:
         clause = f"every rank {word}" if wanted or word == "voted no" else f"no rank {words[0]}"
     else:
-        clause = f"{_names(deciding)} {word}"
+        clause = f"{ranks_text(deciding, _NAMED)} {word}"
     reasons = {rank: explain(ranks[rank]) for rank in deciding}
     if len(set(reasons.values())) == 1 and next(iter(reasons.values())):
         clause += f" ({next(iter(reasons.values()))})"
@@ -136,16 +137,8 @@ def _votes(
         shown = [f"rank {rank}: {text}" for rank, text in list(reasons.items())[:_NAMED] if text]
         clause += f" ({'; '.join(shown)})" if shown else ""
     if others and other and deciding is not other:
-        clause += f", {_names(other)} {other_word}"
+        clause += f", {ranks_text(other, _NAMED)} {other_word}"
     return clause
-
-
-def _names(ranks: list[int]) -> str:
-    if len(ranks) == 1:
-        return f"rank {ranks[0]}"
-    if len(ranks) <= _NAMED:
-        return "ranks " + ", ".join(map(str, ranks[:-1])) + f" and {ranks[-1]}"
-    return "ranks " + ", ".join(map(str, ranks[:_NAMED])) + f" and {len(ranks) - _NAMED} more"
 
 
 def _rule(policy: DecisionPolicy, world: int, acted: bool, *, checkpoint: bool) -> str:

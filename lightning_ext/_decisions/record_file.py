@@ -7,7 +7,7 @@ from typing import Any
 from lightning_ext._decisions.record_format import COLUMNS, FILENAME, encode_row
 from lightning_ext._files.file_output import FileOutput, storage_for
 from lightning_ext._files.parted_file import PartedFile
-from lightning_ext._files.storage import LocalFile, Start
+from lightning_ext._files.storage import LocalFile, Start, guarded
 from lightning_ext.errors import DecisionRecordWarning
 
 __all__ = ["MARKER_FORMAT", "DecisionFile"]
@@ -52,7 +52,7 @@ class DecisionFile(FileOutput):
         if self.stopped:
             return
         doing = "building a row"
-        try:
+        with guarded() as failure:
             row = {**build(), "run": self._run}
             row["time"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
             cells = encode_row(row)
@@ -66,8 +66,8 @@ class DecisionFile(FileOutput):
             self._rows += 1
             self._last_step = int(row["step"])
             storage.settle()
-        except Exception as error:
-            self._stop(error, doing)
+        if failure.error is not None:
+            self._stop(failure.error, doing)
 
     def close(self) -> None:
         """``fsync`` the file (or merge its parts); the strategy's teardown calls it at the end of every stage."""
@@ -75,10 +75,11 @@ class DecisionFile(FileOutput):
         if storage is None or self.stopped:
             return
         try:
-            storage.close()
-        except Exception as error:
-            self._storage = storage
-            self._stop(error, "closing the file")
+            with guarded() as failure:
+                storage.close()
+            if failure.error is not None:
+                self._storage = storage
+                self._stop(failure.error, "closing the file")
         finally:
             storage.discard()
 

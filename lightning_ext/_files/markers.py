@@ -7,7 +7,7 @@ import os
 import socket
 from typing import Any
 
-from lightning_ext._files.storage import join, split_location, write_whole
+from lightning_ext._files.storage import guarded, join, split_location, write_whole
 
 __all__ = [
     "FORMAT",
@@ -66,13 +66,11 @@ def write_marker(
     data = encode_marker(record)
     failure: Exception | None = None
     for location in dict.fromkeys(marker_locations(log_dir, filename, rank)):
-        try:
+        with guarded() as attempt:  # the next location is tried (beside the file, then the log dir's top)
             write_whole(location, data)
-        except Exception as error:  # OSError, or whatever a remote filesystem raises
-            failure = error
-        else:
             return location
-    assert failure is not None  # the loop ran at least once
+        failure = attempt.error
+    assert failure is not None  # the loop ran at least once, and each try failed
     raise failure
 
 

@@ -10,7 +10,7 @@ from fsspec import AbstractFileSystem
 
 from lightning_ext._files.csv_format import STEP, encode_rows, whole_number
 from lightning_ext._files.durable import complete_prefix_length
-from lightning_ext._files.storage import Row, Start, free_name, glob_escape, records, warn_repaired
+from lightning_ext._files.storage import Row, Start, free_name, glob_escape, guarded, records, warn_repaired
 
 __all__ = ["PartedFile", "read_chunks"]
 
@@ -75,7 +75,7 @@ class PartedFile:
         try:
             self._fs.pipe_file(name, encode_rows(fieldnames, rows, header=True))
         except BaseException:
-            with contextlib.suppress(Exception):
+            with guarded():  # a part half written goes if it can; the error raised is the write's
                 self._fs.rm(name)
             raise
         self._parts += 1

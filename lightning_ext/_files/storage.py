@@ -5,7 +5,7 @@ import os
 import posixpath
 import re
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,11 +33,13 @@ from lightning_ext._files.durable import (
 from lightning_ext.errors import RankMetricsWarning
 
 __all__ = [
+    "Failure",
     "LocalFile",
     "Row",
     "Start",
     "free_name",
     "glob_escape",
+    "guarded",
     "join",
     "records",
     "split_location",
@@ -55,6 +57,35 @@ class Start:
     fieldnames: list[str]
     rows: int
     rotated_to: str | None
+
+
+@dataclass
+class Failure:
+    """What failed in a :func:`guarded` block, if anything."""
+
+    error: Exception | None = None
+
+
+@contextlib.contextmanager
+def guarded() -> Iterator[Failure]:
+    """A diagnostic's work: whatever fails in the block is kept in the :class:`Failure` it yields, not raised; the
+    caller then stops that output and warns once (a diagnostic never ends a training run).
+
+    Example:
+        >>> with guarded() as failure:
+        ...     open("/no/such/dir/metrics.csv", "w")
+        >>> type(failure.error).__name__
+        'FileNotFoundError'
+
+    """
+    failure = Failure()
+    try:
+        yield failure
+    except Exception as error:  # guards a diagnostic's files (per-rank CSV, TensorBoard events, telemetry, the decision
+        # record, markers) and the Lightning state it reads for them. Nothing narrower: an fsspec filesystem raises
+        # its own classes (s3fs, gcsfs and adlfs raise theirs, not OSError alone), and Lightning's private state
+        # changes between releases; whatever it is, the output stops with a warning naming it, and training goes on
+        failure.error = error
 
 
 def split_location(location: str | os.PathLike[str]) -> tuple[AbstractFileSystem, str, bool]:

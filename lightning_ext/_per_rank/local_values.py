@@ -8,6 +8,8 @@ from lightning.pytorch.trainer.connectors.logger_connector import result as _res
 from lightning.pytorch.trainer.connectors.logger_connector.result import _ResultCollection, _ResultMetric
 from torch import Tensor
 
+from lightning_ext._files.storage import guarded
+
 __all__ = [
     "OMITTED",
     "capture_active",
@@ -97,7 +99,7 @@ def record_update(result_metric: _ResultMetric, value: Any) -> None:
     """
     if not _CAPTURE.active:
         return
-    try:
+    with guarded() as failure:  # a diagnostic must not end the training step
         local: _Local | None = result_metric.__dict__.get(_LOCAL)
         if local is None:
             local = result_metric.__dict__[_LOCAL] = _Local(_capture_plan(result_metric))
@@ -106,8 +108,8 @@ def record_update(result_metric: _ResultMetric, value: Any) -> None:
             local.step = value.detach().clone()  # update() synced its own copy, not this one
         if plan & _BATCH_COUNT:
             local.count = result_metric.cumulated_batch_size.clone()
-    except Exception as error:  # a diagnostic must not end the training step
-        _CAPTURE.error = error
+    if failure.error is not None:
+        _CAPTURE.error = failure.error
         stop_capture()
 
 

@@ -1,59 +1,51 @@
-"""``RankCSVLogger``: the logger that writes each rank's local values to its own file; it never stops a run."""
+"""``RankMetricsLogger``: the logger that hands each rank's local values to its sinks (its CSV file, and one per logger
+of the trainer that has one); it never stops a run."""
 
-import atexit
-import contextlib
+from collections.abc import Sequence
 from typing import Any
 
 from lightning.pytorch.loggers import Logger
 from torch import Tensor
 from typing_extensions import override
 
-from lightning_ext._files.csv_format import TELEMETRY
-from lightning_ext._files.file_output import FileOutput
+from lightning_ext._files.storage import guarded
 from lightning_ext._per_rank import local_values
+from lightning_ext._per_rank.csv_file import RankCSVFile
 from lightning_ext._per_rank.local_values import OMITTED, local_values_for
-from lightning_ext._per_rank.tensorboard_files import RankEventFiles
+from lightning_ext._per_rank.rank_sink import RankSink
 from lightning_ext._per_rank.writer import PerRankMetrics, RankMetricsWriter
-from lightning_ext.errors import RankMetricsWarning
 
-__all__ = ["RankCSVLogger", "loggers_for"]
+__all__ = ["RankMetricsLogger", "loggers_for"]
 
-
-_OPEN_WRITERS: dict[str, RankMetricsWriter] = {}
 _NOTHING: dict[str, Any] = {}
 
 
-class RankCSVLogger(Logger):
-    """Writes this rank's local values of every logged row to its own CSV file; never raises into the training.
+class RankMetricsLogger(Logger):
+    """Writes this rank's local values of every logged row to its CSV file and its other sinks; never raises.
+
+    Each sink steps aside alone on its own failure (one warning); a failure of the local values themselves stops them
+    all (the CSV file's warning and marker say so: the others would get synced values).
 
     Args:
         log_dir: the run's log directory (a path or an fsspec URL), identical on every rank.
         rank: this process's global rank.
-        options: file name template and flush interval.
-        events: this rank's TensorBoard event files, which get every row too (when the first logger is TensorBoard's).
+        options: file name template, flush interval, telemetry.
+        sinks: this rank's other sinks (TensorBoard's events, MLflow's and W&B's runs), which get every row too.
 
     """
 
     def __init__(
-        self, log_dir: str, rank: int, options: PerRankMetrics | None = None, events: RankEventFiles | None = None
+        self, log_dir: str, rank: int, options: PerRankMetrics | None = None, sinks: Sequence[RankSink] = ()
     ) -> None:
         super().__init__()
         self._log_dir = log_dir
         self._rank = rank
         self._options = options or PerRankMetrics()
         self._pending: dict[str, Any] = _NOTHING
-        self._output = FileOutput(
-            log_dir,
-            self._options.filename,
-            rank,
-            owner=f"Per-rank metrics of rank {rank}",
-            unit="row(s)",
-            warning=RankMetricsWarning,
-            aftermath="Training goes on; the other ranks' files are not affected.",
-        )
-        self._path = self._output.path
-        self._writer: RankMetricsWriter | None = None
-        self.events = events
+        self.csv = RankCSVFile(log_dir, rank, self._options)
+        self.sinks: list[RankSink] = [self.csv, *sinks]
+        self._live = [sink for sink in self.sinks if not sink.stopped]  # the sinks still writing
+        self._failed = False  # Lightning finalized the stage as failed
         # trainer._results walks several properties; the collection it returns is fixed per (fn, stage): keep the last
         self._results: tuple[Any, Any, Any] = (None, None, None)
         self.rows_logged = 0
@@ -80,26 +72,27 @@ class RankCSVLogger(Logger):
 
     @property
     def path(self) -> str:
-        """This rank's file."""
-        return self._path
+        """This rank's CSV file."""
+        return self.csv.path
 
     @property
     def stopped(self) -> bool:
-        """Whether this rank's output stopped after an error (see the module docstring)."""
-        return self._output.stopped
+        """Whether every sink stopped (after errors): nothing is written any more."""
+        return not self._live
 
     @property
     def resume_from_step(self) -> int | None:
         """The logging step a resumed run starts from: later rows are dropped from the file (they are logged again)."""
-        return self._output.resume_from_step
+        return self.csv.resume_from_step
 
     @resume_from_step.setter
     def resume_from_step(self, step: int | None) -> None:
-        self._output.resume_from_step = step
+        for sink in self.sinks:
+            sink.resume_from_step = step
 
     @property
     def experiment(self) -> RankMetricsWriter:
-        """The writer of this rank's file, opened on first use.
+        """The writer of this rank's CSV file, opened on first use.
 
         A run resumed from a checkpoint keeps the rows up to the checkpoint's step and drops the later ones (they are
         logged again). A later stage in the same process (``fit`` then ``test``) continues the file. A fresh run that
@@ -107,30 +100,16 @@ class RankCSVLogger(Logger):
         :class:`~lightning_ext.rank_metrics.RankMetricsWriter`). An incomplete-marker left by an earlier run goes
         with its file; a resume that logs every missing row again removes it.
         """
-        writer = self._writer if self._writer is not None else _OPEN_WRITERS.get(self._path)
-        if writer is None:
-            writer = self._output.open(self._new_writer, lambda opened: opened.rotated_to)
-        self._writer = writer
-        return writer
-
-    def _new_writer(self, resume_from_step: int | None) -> RankMetricsWriter:
-        options = self._options
-        writer = RankMetricsWriter(
-            self._path, flush_every_n_rows=options.flush_every_n_rows, resume_from_step=resume_from_step
-        )
-        if options.telemetry:
-            writer.reserve(TELEMETRY)  # a user's metric named telemetry/... goes to metric:telemetry/...
-        _OPEN_WRITERS[self._path] = writer  # before the marker is settled: a failure there closes it (_stop)
-        return writer
+        return self.csv.writer
 
     def expect(self, trainer: Any, metrics: dict[str, Any]) -> None:
         """Remember the local counterparts of the synced values the connector is about to log."""
-        if self.stopped:
+        if not self._live:
             return
-        try:
+        with guarded() as failure:
             error = local_values.capture_error()
             if error is not None:
-                self._stop(error, "capturing a local value")
+                self._values_failed(error, "capturing a local value")
                 return
             state = trainer.state
             fn, stage, results = self._results
@@ -142,17 +121,21 @@ class RankCSVLogger(Logger):
                 self._results = (state.fn, state.stage, results)
             on_step = trainer._logger_connector._first_loop_iter is not None  # as _LoggerConnector.metrics decides
             self._pending = local_values_for(results, on_step, metrics)
-        except Exception as error:
+        if failure.error is not None:
             self._pending = _NOTHING
-            self._stop(error, "computing a local value")
+            self._values_failed(failure.error, "computing a local value")
 
     @override
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
-        if self.stopped:
+        live = self._live
+        if not live:
             return
         pending, self._pending = self._pending, _NOTHING
-        doing = "reading the local values"
-        try:
+        if step is None:  # the trainer always passes it
+            error = ValueError("RankMetricsLogger needs the step of every row (the trainer always passes it)")
+            self._values_failed(error, "reading the local values")
+            return
+        with guarded() as failure:
             row = metrics
             if pending:
                 row = dict(metrics)
@@ -162,33 +145,23 @@ class RankCSVLogger(Logger):
                             del row[key]
                         else:
                             row[key] = local.item() if isinstance(local, Tensor) else local
-            if step is None:
-                raise ValueError("RankCSVLogger needs the step of every row (the trainer always passes it)")
-            writer = self._writer
-            if writer is None:
-                doing = "opening the file"
-                writer = self.experiment
-            doing = "writing a row"
-            writer.log_metrics(row, step)
-            self.rows_logged += 1
-            if self.events is not None:
-                self.events.log_row(row, step, self.resume_from_step)
-        except Exception as error:
-            self._stop(error, doing)
+        if failure.error is not None:
+            self._values_failed(failure.error, "reading the local values")
+            return
+        for sink in live:
+            sink.log_row(row, step)
+        self.rows_logged += 1
+        self._drop_stopped()
 
     def log_telemetry(self, row: dict[str, float | int], step: int) -> None:
-        """Write one row of per-rank telemetry (``telemetry/*`` columns); a failure stops this rank's output as
-        any row's would."""
-        if self.stopped:
-            return
-        try:
-            writer = self._writer if self._writer is not None else self.experiment
-            writer.log_columns(row, step)
+        """Write one row of per-rank telemetry (``telemetry/*`` columns) to every sink; a failure stops the sink that
+        failed, as any row's would."""
+        live = self._live
+        for sink in live:
+            sink.log_telemetry(row, step)
+        if live:
             self.rows_logged += 1
-            if self.events is not None:
-                self.events.log_telemetry(row, step, self.resume_from_step)
-        except Exception as error:
-            self._stop(error, "writing a telemetry row")
+            self._drop_stopped()
 
     @override
     def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
@@ -200,49 +173,39 @@ class RankCSVLogger(Logger):
 
     @override
     def finalize(self, status: str) -> None:
+        self._failed = status == "failed"  # Lightning finalizes a failed stage before the strategy's teardown
         self.flush()
 
     def flush(self) -> None:
-        """Write the buffered rows now, if the file was opened."""
-        writer = _OPEN_WRITERS.get(self._path)
-        if writer is None or self.stopped:
-            return
-        if self.events is not None:
-            self.events.flush()
-        try:
-            writer.flush()
-        except Exception as error:
-            self._stop(error, "writing rows")
+        """Write every sink's buffered rows now."""
+        for sink in self._live:
+            sink.flush()
+        self._drop_stopped()
 
     def close(self) -> None:
-        """Flush, sync and close this rank's file (the strategy's teardown calls it at the end of every stage)."""
-        if not self.stopped and (error := local_values.capture_error()) is not None:
-            self._stop(error, "capturing a local value")
-        writer = _OPEN_WRITERS.pop(self._path, None)
-        self._writer = None
-        if self.events is not None:
-            self.events.close()
-        if writer is None or self.stopped:
-            return
-        try:
-            writer.close()
-        except Exception as error:
-            _OPEN_WRITERS[self._path] = writer  # so that _stop reports its rows
-            self._stop(error, "closing the file")
+        """Flush and close every sink (the strategy's teardown calls it at the end of every stage)."""
+        if self._live and (error := local_values.capture_error()) is not None:
+            self._values_failed(error, "capturing a local value")
+        for sink in self.sinks:
+            sink.close(self._failed)
+        self._drop_stopped()
 
-    def _stop(self, error: Exception, doing: str) -> None:
-        """Stop this rank's output: keep what can be kept, mark the file incomplete, warn once."""
+    def _values_failed(self, error: Exception, doing: str) -> None:
+        """The local values failed: every sink stops (they would get synced values); the CSV file says why."""
         local_values.stop_capture()
-        self._writer = None
-        if self.events is not None:
-            self.events.close()  # without local values the event files stop too
-        writer = _OPEN_WRITERS.pop(self._path, None)
+        for sink in self.sinks:
+            if sink is not self.csv and not sink.stopped:
+                sink.abandon()
+        if not self.csv.stopped:
+            self.csv.stop(error, doing)
+        self._live = []
 
-        def written() -> tuple[int, int | None]:
-            return (0, None) if writer is None else (writer.rows_written, writer.last_step_written)
-
-        # the rows buffered before the error, if the file still takes them
-        self._output.stop(error, doing, writer.close if writer is not None else lambda: None, written)
+    def _drop_stopped(self) -> None:
+        live = self._live
+        if any(sink.stopped for sink in live):
+            self._live = live = [sink for sink in live if not sink.stopped]
+            if not live:
+                local_values.stop_capture()
 
 
 def loggers_for(trainer: Any, metrics: dict[str, Any]) -> list[Logger]:
@@ -251,18 +214,10 @@ def loggers_for(trainer: Any, metrics: dict[str, Any]) -> list[Logger]:
     The logger connector's seam calls this before it logs a row (see :mod:`lightning_ext.strategies._runtime`).
     """
     loggers: list[Logger] = trainer.loggers
-    rank_logger: RankCSVLogger | None = getattr(trainer.strategy, "rank_metrics_logger", None)
+    rank_logger: RankMetricsLogger | None = getattr(trainer.strategy, "rank_metrics_logger", None)
     if rank_logger is None or rank_logger.stopped:
         return loggers
     rank_logger.expect(trainer, metrics)
     if rank_logger in loggers:
         return loggers
     return [*loggers, rank_logger]
-
-
-@atexit.register
-def _close_writers() -> None:
-    for writer in _OPEN_WRITERS.values():
-        with contextlib.suppress(Exception):
-            writer.close()
-    _OPEN_WRITERS.clear()

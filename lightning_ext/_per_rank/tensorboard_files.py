@@ -1,27 +1,24 @@
 """Each rank's TensorBoard event files: the per-rank rows as scalars in ``<log_dir>/rank_<r>/``, one run per rank.
 
-Written when the trainer's first logger is a ``TensorBoardLogger``, with that logger's writer, tags and steps, and this
+Written for each ``TensorBoardLogger`` of the trainer, under its ``log_dir``, with its writer, tags and steps, and this
 rank's local values (its CSV file's rows), one event per row. A failure warns once and stops them on that rank only
 (``docs/per-rank-metrics.md``, "TensorBoard").
 """
 
-import contextlib
 import importlib
 import posixpath
 import struct
-import warnings
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from lightning.fabric.loggers.tensorboard import _TENSORBOARD_AVAILABLE
 from lightning.pytorch.loggers import TensorBoardLogger
 
-from lightning_ext._files.csv_format import ESCAPE, TELEMETRY
-from lightning_ext._files.storage import glob_escape, join, split_location, write_whole
+from lightning_ext._files.storage import glob_escape, guarded, join, split_location, write_whole
+from lightning_ext._per_rank.rank_sink import metric_key, sink_output, telemetry_values
 from lightning_ext._per_rank.writer import PerRankMetrics
-from lightning_ext.errors import RankMetricsWarning
 
-__all__ = ["EVENT_FILES", "RANK_DIRECTORY", "RankEventFiles", "event_files_for", "events_up_to"]
+__all__ = ["EVENT_FILES", "RANK_DIRECTORY", "RankEventFiles", "events_up_to", "sink_for"]
 
 RANK_DIRECTORY = "rank_{rank}"  # under the log directory: one TensorBoard run per rank
 EVENT_FILES = "events.out.tfevents.*"  # TensorBoard's own name for its event files
@@ -32,30 +29,31 @@ _WRITERS = {
     True: ("torch.utils.tensorboard", "tensorboard.compat.proto"),
     False: ("tensorboardX", "tensorboardX.proto"),
 }
-_STOPPED_HERE: set[str] = set()  # directories whose event files failed in this process: they stay stopped
 
 
-def event_files_for(trainer: Any, log_dir: str, rank: int, options: PerRankMetrics) -> "RankEventFiles | None":
-    """This rank's event files, if the trainer's first logger is a ``TensorBoardLogger`` and ``options`` want them.
+def sink_for(logger: TensorBoardLogger, rank: int, options: PerRankMetrics, seen: set[str]) -> "RankEventFiles | None":
+    """This rank's event files under ``logger``'s ``log_dir`` (its version agreed by every rank at set-up).
 
     Args:
-        trainer: the run's trainer.
-        log_dir: the run's log directory (the first logger's, agreed by every rank).
+        logger: one of the trainer's TensorBoard loggers.
         rank: this process's global rank.
-        options: the per-rank options (``tensorboard``, ``telemetry``).
+        options: the per-rank options (``telemetry``).
+        seen: the directories already written by another TensorBoard logger of this trainer (``None`` for the second
+            logger of the same directory).
 
     """
-    first = trainer.loggers[0] if options.tensorboard and trainer.loggers else None
-    if not isinstance(first, TensorBoardLogger):
+    log_dir = str(logger.log_dir)
+    if log_dir in seen:
         return None
-    writer_options = {name: value for name, value in first._kwargs.items() if name in _WRITER_OPTIONS}
+    seen.add(log_dir)
+    writer_options = {name: value for name, value in logger._kwargs.items() if name in _WRITER_OPTIONS}
     return RankEventFiles(
-        log_dir, rank, prefix=first._prefix, writer_options=writer_options, telemetry=options.telemetry
+        log_dir, rank, prefix=logger._prefix, writer_options=writer_options, telemetry=options.telemetry
     )
 
 
 class RankEventFiles:
-    """This rank's TensorBoard event files; never raises into the training.
+    """This rank's TensorBoard event files (a :class:`~lightning_ext._per_rank.rank_sink.RankSink`); never raises.
 
     The writer opens on the first row. A run resumed from a checkpoint first drops, from the event files already
     there, every event after the checkpoint's step (the resumed run logs those steps again), as the CSV file drops its
@@ -81,78 +79,71 @@ class RankEventFiles:
         telemetry: bool = False,
     ) -> None:
         self.directory = join(log_dir, RANK_DIRECTORY.format(rank=rank))
-        self._rank = rank
         self._prefix = f"{prefix}{TensorBoardLogger.LOGGER_JOIN_CHAR}" if prefix else ""
         self._writer_options = dict(writer_options or {})
         self._telemetry = telemetry
         self._writer: Any = None
         self._file_writer: Any = None
-        self._classes: tuple[Any, Any, Any] = (None, None, None)  # the writer's, its Event's and its Summary's
-        self.stopped = self.directory in _STOPPED_HERE
+        self._classes: _WriterClasses | None = None
+        self.resume_from_step: int | None = None
+        self._output = sink_output(self.directory, f"Per-rank TensorBoard events of rank {rank}")
+        self.stopped = self._output.stopped
         if not self.stopped:
-            try:
+            with guarded() as failure:
                 self._classes = _writer_classes()  # imported at set-up, not in the first training step
-            except Exception as error:
-                self._stop(error, "loading TensorBoard's writer")
+            if failure.error is not None:
+                self._stop(failure.error, "loading TensorBoard's writer")
 
-    def log_row(self, row: Mapping[str, float], step: int, resumed_from: int | None) -> None:
-        """Write one logged row (a per-rank CSV row) as one event at ``step``.
+    def log_row(self, row: Mapping[str, float], step: int) -> None:
+        """Write one logged row (a per-rank CSV row: this rank's local values, by name) as one event at ``step``."""
+        prefix, telemetry = self._prefix, self._telemetry
+        self._write(((prefix + metric_key(name, telemetry), value) for name, value in row.items()), step)
 
-        Args:
-            row: the row's metrics, by name (this rank's local values).
-            step: the row's step.
-            resumed_from: the checkpoint's step if the run was resumed, else ``None``.
-
-        """
-        self._write(((self._tag(name), value) for name, value in row.items()), step, resumed_from)
-
-    def log_telemetry(self, row: Mapping[str, float], step: int, resumed_from: int | None) -> None:
+    def log_telemetry(self, row: Mapping[str, float], step: int) -> None:
         """Write a telemetry row's ``telemetry/*`` columns (its ``epoch`` is already in the metric rows)."""
-        values = ((self._prefix + name, value) for name, value in row.items() if name.startswith(TELEMETRY))
-        self._write(values, step, resumed_from)
+        self._write(((self._prefix + name, value) for name, value in telemetry_values(row).items()), step)
 
     def flush(self) -> None:
         """Wait until the events handed to the writer are in the file."""
         if self._file_writer is not None and not self.stopped:
-            try:
+            with guarded() as failure:
                 self._file_writer.flush()
-            except Exception as error:
-                self._stop(error, "writing events")
+            if failure.error is not None:
+                self._stop(failure.error, "writing events")
 
-    def close(self) -> None:
+    def close(self, failed: bool = False) -> None:
         """Flush and close the event file (the end of each stage); a later row opens a new one."""
         writer, self._writer, self._file_writer = self._writer, None, None
         if writer is not None and not self.stopped:
-            try:
+            with guarded() as failure:
                 writer.close()
-            except Exception as error:
-                self._stop(error, "closing the event file")
+            if failure.error is not None:
+                self._stop(failure.error, "closing the event file")
 
-    def _tag(self, name: str) -> str:
-        if self._telemetry and name.startswith(TELEMETRY):
-            name = ESCAPE + name
-        return self._prefix + name
+    def abandon(self) -> None:
+        """Close the event file and write nothing more."""
+        self.close()
+        self.stopped = True
 
-    def _write(self, values: Any, step: int, resumed_from: int | None) -> None:
-        if self.stopped:
+    def _write(self, values: Any, step: int) -> None:
+        classes = self._classes
+        if self.stopped or classes is None:  # no classes: stopped at set-up
             return
         doing = "opening the event file"
-        try:
+        with guarded() as failure:
             if self._file_writer is None:
-                self._open(resumed_from)
+                self._open(self.resume_from_step, classes)
             doing = "writing a row"
-            summary = self._classes[2]
-            scalars = [summary.Value(tag=tag, simple_value=float(value)) for tag, value in values]
+            scalars = [classes.summary.Value(tag=tag, simple_value=float(value)) for tag, value in values]
             if scalars:
-                self._file_writer.add_summary(summary(value=scalars), step)
-        except Exception as error:
-            self._stop(error, doing)
+                self._file_writer.add_summary(classes.summary(value=scalars), step)
+        if failure.error is not None:
+            self._stop(failure.error, doing)
 
-    def _open(self, resumed_from: int | None) -> None:
-        writer_class, event_class, _ = self._classes
+    def _open(self, resumed_from: int | None, classes: "_WriterClasses") -> None:
         if resumed_from is not None:
-            self._drop_events_after(resumed_from, event_class)
-        self._writer = writer_class(log_dir=self.directory, **self._writer_options)
+            self._drop_events_after(resumed_from, classes.event)
+        self._writer = classes.writer(log_dir=self.directory, **self._writer_options)
         self._file_writer = self._writer._get_file_writer()  # as Lightning's log_hyperparams reaches it
 
     def _drop_events_after(self, step: int, event_class: Any) -> None:
@@ -168,24 +159,27 @@ class RankEventFiles:
     def _stop(self, error: Exception, doing: str) -> None:
         """Stop this rank's event files for the rest of the process, keeping what was written; warn once."""
         self.stopped = True
-        _STOPPED_HERE.add(self.directory)
         writer, self._writer, self._file_writer = self._writer, None, None
-        if writer is not None:
-            with contextlib.suppress(Exception):  # the writer's thread may have failed; what it wrote stays
+
+        def release() -> None:
+            if writer is not None:  # the writer's thread may have failed; what it wrote stays
                 writer.close()
-        warnings.warn(
-            f"Per-rank TensorBoard events of rank {self._rank} stopped: {type(error).__name__}: {error} (while"
-            f" {doing}). {self.directory} keeps the events written so far. Training goes on; this rank's CSV file and"
-            " the other ranks' files are not affected.",
-            RankMetricsWarning,
-            stacklevel=4,
-        )
+
+        self._output.step_aside(error, doing, lambda _: f"{self.directory} keeps the events written so far", release)
 
 
-def _writer_classes() -> tuple[Any, Any, Any]:
+class _WriterClasses(NamedTuple):
+    """TensorBoard's classes, imported at set-up (not in the first training step)."""
+
+    writer: Any  # the SummaryWriter class that TensorBoardLogger uses
+    event: Any  # its package's Event, to read back the events of a resumed run
+    summary: Any  # its package's Summary, one per written row
+
+
+def _writer_classes() -> _WriterClasses:
     """The ``SummaryWriter`` class that ``TensorBoardLogger`` uses, and its package's ``Event`` and ``Summary``."""
     writer, protos = _WRITERS[bool(_TENSORBOARD_AVAILABLE)]
-    return (
+    return _WriterClasses(
         importlib.import_module(writer).SummaryWriter,
         importlib.import_module(f"{protos}.event_pb2").Event,
         importlib.import_module(f"{protos}.summary_pb2").Summary,
@@ -204,6 +198,8 @@ def events_up_to(data: bytes, step: int, event_class: Any) -> bytes | None:
         event_class: the ``Event`` protobuf class of the writer's package.
 
     """
+    # protobuf's (both TensorBoard writers' events are protobuf messages), imported with the writer's classes
+    decode_error = importlib.import_module("google.protobuf.message").DecodeError
     kept, position, dropped = [], 0, False
     while position + _HEADER.size <= len(data):
         length = _HEADER.unpack_from(data, position)[0]
@@ -212,7 +208,7 @@ def events_up_to(data: bytes, step: int, event_class: Any) -> bytes | None:
             break
         try:
             event = event_class.FromString(data[start : start + length])
-        except Exception:  # whatever the protobuf runtime raises: the rest cannot be trusted
+        except decode_error:  # a record that does not parse: the rest cannot be trusted
             break
         if event.step <= step:
             kept.append(data[position:end])

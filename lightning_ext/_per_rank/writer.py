@@ -48,8 +48,12 @@ class PerRankMetrics:
             and the rank's host beside its file; no collective is added (``docs/per-rank-metrics.md``).
         telemetry_every_n_steps: a telemetry row every this many steps, holding the means over the batches since the
             last one; ``None``: the trainer's ``log_every_n_steps``.
-        tensorboard: when the trainer's first logger is a ``TensorBoardLogger``, also write every row (and the
-            telemetry) to TensorBoard event files in ``<log_dir>/rank_<r>/``: one run per rank, over the synced one.
+        tensorboard: for each ``TensorBoardLogger`` of the trainer, also write every row (and the telemetry) to
+            TensorBoard event files in its ``<log_dir>/rank_<r>/``: one run per rank, over the synced one.
+        mlflow: for each ``MLFlowLogger``, also log every row (and the telemetry) to a child run ``rank_<r>`` of its
+            run, with the same keys, steps and tracking URI (``pip install 'lightning-ext[mlflow]'``).
+        wandb: for each ``WandbLogger``, also log every row (and the telemetry) to a run ``rank_<r>`` of its project,
+            grouped under the main run's id (``pip install 'lightning-ext[wandb]'``; offline as online).
         straggler_window: with telemetry, during ``fit``, every this many telemetry rows rank 0 asks every rank's
             watchdog for its latest this many rows and warns (``StragglerWarning``) when the others have been
             waiting for one rank in most of them; ``None``: no live check (the verdict after the run is the same).
@@ -62,6 +66,8 @@ class PerRankMetrics:
     telemetry: bool = False
     telemetry_every_n_steps: int | None = None
     tensorboard: bool = True
+    mlflow: bool = True
+    wandb: bool = True
     straggler_window: int | None = 10
     straggler_reminder_minutes: float = 30.0
 
@@ -75,8 +81,9 @@ class PerRankMetrics:
             raise ValueError(f"PerRankMetrics.flush_every_n_rows must be >= 1, got {self.flush_every_n_rows}")
         if not isinstance(self.telemetry, bool):
             raise TypeError(f"PerRankMetrics.telemetry must be True or False, got {self.telemetry!r}")
-        if not isinstance(self.tensorboard, bool):
-            raise TypeError(f"PerRankMetrics.tensorboard must be True or False, got {self.tensorboard!r}")
+        for switch in ("tensorboard", "mlflow", "wandb"):
+            if not isinstance(getattr(self, switch), bool):
+                raise TypeError(f"PerRankMetrics.{switch} must be True or False, got {getattr(self, switch)!r}")
         window = self.straggler_window
         if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 2):
             raise ValueError(f"PerRankMetrics.straggler_window must be a whole number >= 2 or None, got {window!r}")

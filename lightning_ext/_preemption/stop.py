@@ -1,4 +1,5 @@
-"""The coordinated stop on preemption: a signal on any rank stops every rank at the same training step."""
+"""The coordinated stop on preemption: a signal on any rank stops every rank at the same point of a fit (a training
+step's start, or an evaluation batch's end)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,9 @@ from lightning.fabric.plugins.environments.slurm import SLURMEnvironment
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from lightning_ext._collective import STORE_ERRORS
 from lightning_ext._preemption import checkpoint as stop_checkpoint
+from lightning_ext._rank_lists import ranks_text
 from lightning_ext._watch.facts import SignalConsumer
 from lightning_ext._watch.watchdog import Watchdog, raise_record
 from lightning_ext.errors import mark_joint
@@ -26,8 +29,8 @@ from lightning_ext.policies import PolicyLike, VotePolicy, VoteTally, resolve_po
 __all__ = ["StopController", "resolve_preemption_policy"]
 
 _MAIL = "preempt"  # the watchdog mail a signalled rank sends rank 0
-_POSITION = "stop-position"  # rank 0's request: the first training batch each rank can still stop before
-_AGREED = "stop-at"  # rank 0's notice to every rank: the batch to stop before (-1: no stop after all)
+_POSITION = "stop-position"  # rank 0's request: the first stop point each rank can still stop at
+_AGREED = "stop-at"  # rank 0's notice to every rank: the point to stop at (-1: no stop after all)
 _SEAM = "_broadcast_sigterm_tensor"  # Lightning's per-step broadcast of rank 0's SIGTERM flag: replaced in a fit
 _HOLD_LOOK = 0.05  # seconds between two looks for a posted error while a rank holds for the agreement
 _PARENT_WAIT = 10.0  # seconds a popen child waits at exit for rank 0 (its parent) to exit first
@@ -73,13 +76,14 @@ def resolve_preemption_policy(policy: PolicyLike | None) -> VotePolicy | None:
 class StopController:
     """One rank's part in a coordinated stop during a fit.
 
-    A signalled rank mails rank 0's watchdog, and rank 0 decides under the policy. Then rank 0's watchdog agrees the
-    batch with every rank's watchdog: each says the first training batch its rank can still stop before, and from
-    then on holds its rank there until told; rank 0 picks the latest and tells every rank. Each rank looks, where
-    Lightning would broadcast rank 0's SIGTERM flag at the start of every training batch
-    (``_broadcast_sigterm_tensor``, shadowed on the epoch loop for the fit), at what its own watchdog was told, under
-    a lock: no collective and no host-device synchronization per step. Every rank stops before the agreed batch, or
-    the first later one that ends an accumulation window, as each rank derives alike.
+    Every rank passes the same *stop points* in the same order: the start of each training batch (where Lightning
+    would broadcast rank 0's SIGTERM flag, ``_broadcast_sigterm_tensor``, shadowed on the epoch loop for the fit) and
+    the end of each evaluation batch of the fit (the sanity check's included). A signalled rank mails rank 0's
+    watchdog, and rank 0 decides under the policy. Then rank 0's watchdog agrees the point with every rank's
+    watchdog: each says the next point its rank can still stop at, and from then on holds its rank there until told;
+    rank 0 picks the latest and tells every rank. At each point a rank looks at what its own watchdog was told, under a
+    lock: no collective and no host-device synchronization per batch. Every rank stops at the agreed point, or the
+    first later one where no gradient accumulation window is open, as each rank derives alike.
 
     Args:
         policy: the vote policy that decides from the ranks signalled so far.
@@ -98,9 +102,9 @@ class StopController:
         self._loop: Any = None
         # shared by the training thread (at each batch start) and the watchdog thread (agreeing a stop)
         self._lock = threading.Lock()
-        self._next = 0  # the first training batch this rank can still stop before
-        self._holding = False  # a stop is being agreed: the training thread waits before its next batch
-        self._before: int | None = None  # the agreed batch: stop before it (or the first window end after it)
+        self._next = 0  # the next stop point this rank passes (they are counted from the attach on, alike everywhere)
+        self._holding = False  # a stop is being agreed: the training thread waits at its next point
+        self._before: int | None = None  # the agreed point: stop there (or at the first later one outside a window)
         self._number = 0  # the agreed stop's signal
         self._agreed = threading.Event()
         watchdog.answers[_POSITION] = self._position
@@ -122,8 +126,6 @@ class StopController:
                 stacklevel=1,
             )
             return
-        with self._lock:
-            self._next = loop.batch_progress.total.ready
         loop.__dict__[_SEAM] = self._at_batch_start
         self._loop = loop
         if self.rank == 0:  # the other ranks read it at a stop (popen: whether rank 0 is their parent)
@@ -150,7 +152,7 @@ class StopController:
             return None
         try:
             self.watchdog.notify(0, _MAIL, sender=str(self.rank), signal=str(number))
-        except Exception:  # the store is gone (rank 0's process ended): nothing to coordinate with
+        except STORE_ERRORS:  # the store is gone (rank 0's process ended): nothing to coordinate with
             return None
         self.watchdog.recorder.signal = None  # a stop request: no later error on this rank may name it as the cause
         return _other_handlers
@@ -169,7 +171,8 @@ class StopController:
         counted = f"preemption_policy {self.policy!r}: {tally.yes} of {tally.world_size} ranks signalled"
         try:
             stop = self.policy.decide(tally)
-        except Exception as error:  # a user's policy that fails must not end the watchdog thread
+        except Exception as error:  # guards a user's policy (VotePolicy.decide: any code). Nothing narrower: whatever
+            # it raises, the watchdog thread goes on, and training with it, with a warning naming the error
             warnings.warn(f"lightning-ext: {counted}: the policy raised {error!r}; training goes on", stacklevel=1)
             return
         if not stop:
@@ -182,7 +185,8 @@ class StopController:
         silent = sorted(set(range(self.world_size)) - set(positions))
         if silent:  # a rank that cannot say where it is could be past any batch picked: no stop is safe
             warnings.warn(
-                f"lightning-ext: {who}; {counted}, but rank(s) {silent} did not say where they are: training goes on",
+                f"lightning-ext: {who}; {counted}, but {ranks_text(silent, None)} did not say where they are:"
+                " training goes on",
                 stacklevel=1,
             )
             self.watchdog.tell_everyone(_AGREED, before="-1", signal="0")
@@ -192,14 +196,14 @@ class StopController:
         self.watchdog.tell_everyone(_AGREED, before=str(before), signal=str(signalled[min(signalled)]))
 
     def _position(self) -> int:
-        """The watchdog thread, asked by rank 0: the first batch this rank can still stop before; it holds there."""
+        """The watchdog thread, asked by rank 0: the next point this rank can still stop at; it holds there."""
         with self._lock:
             self._holding = True
             self._agreed.clear()
             return self._next
 
     def _on_agreed(self, message: dict[str, str]) -> None:
-        """The watchdog thread, told by rank 0: the batch every rank stops before (``-1``: no stop after all)."""
+        """The watchdog thread, told by rank 0: the point every rank stops at (``-1``: no stop after all)."""
         before = int(message["before"])
         with self._lock:
             self._before = before if before >= 0 else None
@@ -209,15 +213,27 @@ class StopController:
 
     def _at_batch_start(self) -> None:
         """In place of Lightning's ``_broadcast_sigterm_tensor``, before each training batch: stop if agreed."""
-        batch = self._loop.batch_progress.total.ready  # the batch about to start
+        if self._passed() and not self._loop._should_accumulate():  # the last batch ended its accumulation window
+            self._stop(self._number, evaluation=None)
+
+    def at_evaluation_batch(self, loop: Any) -> None:
+        """After each evaluation batch of the fit (the sanity check's too): stop if agreed, unless a gradient
+        accumulation window is open (a validation inside one: the stop waits for the window's end)."""
+        trainer = self.trainer
+        if self._loop is None or loop is not trainer.fit_loop.epoch_loop.val_loop:
+            return
+        if self._passed() and (trainer.sanity_checking or not self._loop._should_accumulate()):
+            self._stop(self._number, evaluation=loop)
+
+    def _passed(self) -> bool:
+        """Pass this rank's next stop point, atomically with what rank 0 is told; whether a stop was agreed at it or
+        before it."""
         while True:
             with self._lock:
-                if not self._holding:  # pass the batch start, atomically with what rank 0 is told
-                    before, self._next = self._before, batch + 1
-                    break
+                if not self._holding:
+                    point, before, self._next = self._next, self._before, self._next + 1
+                    return before is not None and point >= before
             self._wait_for_agreement()
-        if before is not None and batch >= before and not self._loop._should_accumulate():
-            self._stop(self._number)  # the last batch ended its accumulation window
 
     def _wait_for_agreement(self) -> None:
         """Wait for rank 0 to tell the agreed batch; an error posted meanwhile ends this rank with it."""
@@ -227,19 +243,24 @@ class StopController:
                 self._flush()
                 raise_record(posted)
 
-    def _stop(self, number: int) -> NoReturn:
-        """Every rank, before the same training step: flush, checkpoint, tell, raise ``SIGTERMException``."""
+    def _stop(self, number: int, evaluation: Any) -> NoReturn:
+        """Every rank at the same point (before a training step, or after an evaluation batch of ``evaluation``):
+        flush, checkpoint, tell, raise ``SIGTERMException``."""
         trainer = self.trainer
         if number == signal.SIGTERM:
             trainer._signal_connector.received_sigterm = True  # what user code and callbacks see under stock
         self._flush()
-        loop = self._loop
-        batch, epoch = loop.batch_progress.total.ready, trainer.current_epoch
-        path, resume = stop_checkpoint.save(trainer, number)
+        batch, epoch = self._loop.batch_progress.total.ready, trainer.current_epoch
+        if evaluation is None:
+            where = f"before training batch {batch} (epoch {epoch})"
+        else:
+            done = evaluation.batch_progress.current.completed
+            stage = "the sanity check" if trainer.sanity_checking else f"validation after training batch {batch - 1}"
+            where = f"in {stage} (epoch {epoch}), after {done} validation batch(es)"
+        path, resume = stop_checkpoint.save(trainer, number, evaluation is not None)
         if self.rank == 0:
             print(
-                f"lightning-ext: stopped every rank before training batch {batch} (epoch {epoch}): {self._reason};"
-                f" checkpoint {path}; {resume}",
+                f"lightning-ext: stopped every rank {where}: {self._reason}; checkpoint {path}; {resume}",
                 file=sys.stderr,
                 flush=True,
             )
@@ -255,7 +276,7 @@ class StopController:
         """
         try:
             parent = int(self.watchdog.store.get("stop/parent"))  # type: ignore[attr-defined]
-        except Exception:
+        except STORE_ERRORS:  # the store is gone, or rank 0 never wrote its pid: no parent to outlive
             return
         if parent == os.getppid():
             atexit.register(_wait_while_parent, parent, _PARENT_WAIT)
@@ -274,10 +295,20 @@ def _stop_signal(name: str, trainer: Any) -> int | None:
 
 
 def _other_handlers(replaced: Any, number: int, frame: FrameType | None) -> None:
-    """Run the handlers ``replaced`` holds (the user's, inside Lightning's compose), except Lightning's own."""
+    """Run the handlers ``replaced`` holds (the user's, inside Lightning's compose), except Lightning's own.
+
+    A compose (Lightning's ``_HandlersCompose``, or a note of lightning-ext's, which holds the handler it replaced) is
+    walked into: Lightning puts the handler it finds into its compose, and a process may still hold an earlier
+    trainer's (one whose teardown was cut short by an error), whose own SIGTERM handler would broadcast on this rank
+    alone.
+    """
     handlers = getattr(replaced, "signal_handlers", [replaced])
     for handler in handlers:
-        if callable(handler) and getattr(handler, "__name__", "") not in _REPLACED:
+        if isinstance(handler, int):  # a signal number stands for its current handler, in Lightning's compose
+            continue
+        if hasattr(handler, "signal_handlers"):
+            _other_handlers(handler, number, frame)
+        elif callable(handler) and getattr(handler, "__name__", "") not in _REPLACED:
             handler(number, frame)
 
 

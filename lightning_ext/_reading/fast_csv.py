@@ -98,10 +98,10 @@ def parse_pieces(split: SplitFile, columns: Sequence[str], engine: str) -> list[
     """:func:`parse`, each column in the pieces the engine made (pyarrow: one per block; no copy to join them)."""
     if split.start == split.end:
         return [[np.empty(0, dtype=np.int64 if name == STEP else np.float64)] for name in columns]
-    data, start, end = split.data, split.start, split.end
-    # no quote, and no carriage return but the line ends' (the engines take a bare one for a line end; the checks
-    # refuse it): else the row-by-row checks decide
-    if data.find(b'"', start, end) < 0 and data.count(b"\r", start, end) == data.count(b"\r\n", start, end):
+    # no quote (the engines would take a quoted field's commas and line ends as its own; the checks refuse a quote):
+    # else the row-by-row checks decide; so they do where an engine finds more rows than line feeds (it took a bare
+    # carriage return for a line end)
+    if split.data.find(b'"', split.start, split.end) < 0:
         try:
             return _pyarrow(split, columns) if engine == "pyarrow" else [[c] for c in _pandas(split, columns)]
         except _Unusual:
@@ -144,6 +144,9 @@ def _pyarrow(split: SplitFile, columns: Sequence[str]) -> list[list[NDArray[Any]
         )
     except pa.ArrowException as error:
         raise _Unusual(str(error)) from error
+    if table.num_rows != split.data.count(b"\n", split.start, split.end):
+        # a bare carriage return, a line end to pyarrow (and an empty line is a row to it: ignore_empty_lines=False)
+        raise _Unusual("more rows than line feeds")
     values = []
     for name in columns:
         column = table.column(name)

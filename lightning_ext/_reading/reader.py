@@ -2,7 +2,7 @@
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -18,10 +18,11 @@ from lightning_ext._files.csv_format import (
 )
 from lightning_ext._files.markers import describe
 from lightning_ext._files.parted_file import read_chunks
+from lightning_ext._rank_lists import ranks_text
 from lightning_ext._reading.fast_csv import ENGINES, SplitFile, default_engine, parse_exact, parse_pieces, split_file
 from lightning_ext._reading.log_dir_files import RankFiles, list_rank_files
 from lightning_ext._reading.long_table import Columns
-from lightning_ext._reading.same_run import RankInfo, check_one_run, check_rotations, rank_ranges
+from lightning_ext._reading.same_run import RankInfo, check_one_run, check_rotations
 from lightning_ext.errors import RankMetricsError
 
 __all__ = ["ReadReport", "Request", "read_table"]
@@ -151,8 +152,8 @@ def _selected_ranks(found: RankFiles, request: Request, log_dir: str) -> list[in
     absent = [rank for rank in request.ranks if rank not in found.files]
     if absent:
         raise FileNotFoundError(
-            f"No file for rank(s) {rank_ranges(absent)} under {log_dir} (the ranks with a file: "
-            f"{rank_ranges(found.ranks)})"
+            f"No file for {ranks_text(absent, None)} under {log_dir} (the ranks with a file:"
+            f" {ranks_text(found.ranks, None).split(' ', 1)[1]})"
         )
     return list(request.ranks)
 
@@ -167,7 +168,7 @@ class _Reader:
         self._expected_bytes = expected_bytes
         self.columns = Columns()
         self.headers: dict[int, list[list[str]]] = {}  # rank -> the header of each file or part read
-        self.steps: dict[int, list[tuple[int, int, int]]] = {}  # rank -> (rows, first step, last step) of each
+        self.steps: dict[int, list[_Steps]] = {}  # rank -> the steps of each file or part read
 
     def add(self, rank: int, where: str, data: bytes) -> None:
         """Read one file (or part) of ``rank``, after the ones before it."""
@@ -219,7 +220,7 @@ class _Reader:
         steps = [piece.astype(np.int64, copy=False) for piece in values[STEP] if len(piece)]
         if steps:
             count = sum(len(piece) for piece in steps)
-            self.steps.setdefault(rank, []).append((count, int(steps[0][0]), int(steps[-1][-1])))
+            self.steps.setdefault(rank, []).append(_Steps(count, int(steps[0][0]), int(steps[-1][-1])))
         values[STEP] = steps
         low, high = self._request.min_step, self._request.max_step
         if low is not None or high is not None:
@@ -245,13 +246,21 @@ def _check_whole(split: SplitFile, columns: Sequence[str], values: list[list[NDA
             line += len(piece)
 
 
-def _info(file: str, headers: list[list[str]] | None, steps: list[tuple[int, int, int]]) -> RankInfo:
+class _Steps(NamedTuple):
+    """The steps of one file or part read: how many rows, the first and the last step."""
+
+    rows: int
+    first: int
+    last: int
+
+
+def _info(file: str, headers: list[list[str]] | None, steps: list[_Steps]) -> RankInfo:
     names = {name for header in headers or [] for name in header if name not in (STEP, EPOCH)}
     return RankInfo(
         file=file,
-        rows=sum(rows for rows, _, _ in steps),
-        first_step=steps[0][1] if steps else None,
-        last_step=steps[-1][2] if steps else None,
+        rows=sum(part.rows for part in steps),
+        first_step=steps[0].first if steps else None,
+        last_step=steps[-1].last if steps else None,
         metrics=frozenset(names),
         has_header=bool(headers),
     )

@@ -1,12 +1,13 @@
 """Whether the per-rank files under a log directory come from one run (``docs/per-rank-metrics.md``)."""
 
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
+from lightning_ext._rank_lists import ranks_text
 from lightning_ext.errors import MixedRunsError
 
-__all__ = ["RankInfo", "check_one_run", "check_rotations", "rank_ranges"]
+__all__ = ["RankInfo", "check_one_run", "check_rotations"]
 
 _NAMED = 3  # files named per group in a message; the rest are counted
 _FIX = (
@@ -27,27 +28,6 @@ class RankInfo:
     has_header: bool
 
 
-def rank_ranges(ranks: Iterable[int]) -> str:
-    """Ranks written compactly, runs of consecutive ranks as ``a-b``.
-
-    Example:
-        >>> rank_ranges([0, 1, 2, 3, 7, 9, 10])
-        '0-3, 7, 9-10'
-
-    """
-    ordered = sorted(set(ranks))
-    parts: list[str] = []
-    start = previous = None
-    for rank in [*ordered, None]:
-        if previous is not None and rank == previous + 1:
-            previous = rank
-            continue
-        if start is not None and previous is not None:
-            parts.append(str(start) if start == previous else f"{start}-{previous}")
-        start = previous = rank
-    return ", ".join(parts)
-
-
 def check_rotations(files: Mapping[int, str], rotated: Mapping[int, list[str]], log_dir: str) -> None:
     """Rule 1: every rank's file was moved aside the same number of times (``rotated`` lists them, by number)."""
     generation = {rank: _number(rotated[rank][-1]) if rotated.get(rank) else 0 for rank in files}
@@ -58,11 +38,14 @@ def check_rotations(files: Mapping[int, str], rotated: Mapping[int, list[str]], 
         ranks = [rank for rank in files if generation[rank] == count]
         if count:
             named = [rotated[rank][-1] for rank in ranks]
-            groups.append(f"ranks {rank_ranges(ranks)} have earlier runs' files up to .{count} ({_names(named)})")
+            groups.append(
+                f"{ranks_text(ranks, None)} {_have(ranks)} earlier runs' files up to .{count} ({_names(named)})"
+            )
         else:
             named = [files[rank] for rank in ranks]
             groups.append(
-                f"ranks {rank_ranges(ranks)} have none, so their files may be an earlier run's ({_names(named)})"
+                f"{ranks_text(ranks, None)} {_have(ranks)} none, so their files may be an earlier run's"
+                f" ({_names(named)})"
             )
     raise MixedRunsError(
         f"{log_dir} holds files of more than one run: a new run moves each rank's file aside (<file>.<n>), but "
@@ -82,7 +65,7 @@ def check_one_run(ranks: Mapping[int, RankInfo], log_dir: str) -> None:
             shared = [rank for rank, names in sets.items() if names == common]
             theirs, its = (_names(sorted(map(repr, names))) for names in (common, sets[apart[0]]))
             reasons.append(
-                f"{_names([ranks[rank].file for rank in apart])} share no metric with rank(s) {rank_ranges(shared)}"
+                f"{_names([ranks[rank].file for rank in apart])} share no metric with {ranks_text(shared, None)}"
                 f" (theirs: {theirs}; {its} in {ranks[apart[0]].file})"
             )
     firsts = {rank: info.first_step for rank, info in ranks.items() if info.first_step is not None}
@@ -94,7 +77,7 @@ def check_one_run(ranks: Mapping[int, RankInfo], log_dir: str) -> None:
             starts = ", ".join(f"{ranks[rank].file} at step {firsts[rank]}" for rank in apart[:_NAMED])
             more = f" and {len(apart) - _NAMED} more" if len(apart) > _NAMED else ""
             reasons.append(
-                f"{starts}{more} start(s) at another step than rank(s) {rank_ranges(shared)} (step {common_first})"
+                f"{starts}{more} start(s) at another step than {ranks_text(shared, None)} (step {common_first})"
             )
     if reasons:
         raise MixedRunsError(f"{log_dir} holds files of more than one run: {'; '.join(reasons)}. {_FIX}")
@@ -107,3 +90,7 @@ def _number(path: str) -> int:
 def _names(names: list[str]) -> str:
     shown = ", ".join(names[:_NAMED])
     return shown + (f" and {len(names) - _NAMED} more" if len(names) > _NAMED else "")
+
+
+def _have(ranks: list[int]) -> str:
+    return "has" if len(ranks) == 1 else "have"

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from lightning_ext._collective import RankGroup, all_gather_objects, gather_rows
+from lightning_ext._rank_lists import ranks_text
 from lightning_ext._setup.loaders import dataset_failure, failing_draws
 from lightning_ext.errors import DataLoaderSetupError, InitModuleWarning, mark_joint
 
@@ -47,8 +48,8 @@ def init_module_warning(states: list[tuple[str, str] | None]) -> InitModuleWarni
         return None
     stage, device = next(state for state in states if state is not None)
     return InitModuleWarning(
-        f"trainer.{stage}() runs inside `with trainer.init_module():` on rank(s) {inside} (the default device there"
-        f" is {device}). init_module is for building the model only: every tensor the run makes is made on that"
+        f"trainer.{stage}() runs inside `with trainer.init_module():` on {ranks_text(inside, None)} (the default device"
+        f" there is {device}). init_module is for building the model only: every tensor the run makes is made on that"
         " device and dtype, with empty_init=True the modules built during the run (configure_model) are left"
         " uninitialised, and on a GPU a shuffling dataloader fails at its first batch. Create the model inside it,"
         f" then call trainer.{stage}() after the `with` block."
@@ -140,7 +141,7 @@ def setup_message(everyone: list[list[Finding]]) -> str:
     for rank, findings in enumerate(everyone):
         for finding in findings:
             grouped.setdefault(finding.describe(), []).append(rank)
-    lines += [f"  rank(s) {ranks}: {text}" for text, ranks in grouped.items()]
+    lines += [f"  {ranks_text(ranks)}: {text}" for text, ranks in grouped.items()]
     first = next(finding for findings in everyone for finding in findings)
     if first.cause == "init_module":
         lines.append(
@@ -183,7 +184,7 @@ def _pytorch_error(finding: Finding) -> str:
 def _stage(trainer: Any) -> tuple[str, Any]:
     """The dataloaders' prefix (``train``, ``val``, ``test``, ``predict``) and the loop that holds their source."""
     stage = getattr(getattr(getattr(trainer, "state", None), "stage", None), "value", "")
-    with contextlib.suppress(Exception):
+    with contextlib.suppress(AttributeError):  # a trainer without those loops: no source to look at
         if stage == "train":
             return "train", trainer.fit_loop
         if stage == "predict":

@@ -6,8 +6,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 
+from lightning_ext._rank_lists import ranks_text
 from lightning_ext._stall.rank_report import RankReport
-from lightning_ext._watch.rank_text import call_text, doing, group_text
+from lightning_ext._watch.rank_text import call_text, doing, wait_text
 
 __all__ = ["Thresholds", "is_stalled", "report_text", "summarize", "thresholds", "waits"]
 
@@ -101,7 +102,7 @@ def summarize(everyone: Sequence[RankReport], failed: dict[int, str] | None = No
     ``failed``: the ranks whose collective call failed (a peer's process ended), with the error's first line.
 
     Example:
-        >>> from lightning_ext._watch.facts import Facts
+        >>> from lightning_ext._watch.rank_facts import Facts
         >>> waiting = RankReport(0, facts=Facts(0, backward=4, backwards=3), waiting=("backward", 130.0),
         ...                      since_progress=130.0)
         >>> computing = RankReport(1, facts=Facts(1, backwards=3, at="train.py:40 in training_step"),
@@ -123,7 +124,7 @@ def summarize(everyone: Sequence[RankReport], failed: dict[int, str] | None = No
     odd = _odd_calls(everyone)
     if odd:
         parts = [
-            f"rank {report.rank} is blocked in {_call_text(report)}, which rank(s) {never} never made"
+            f"rank {report.rank} is blocked in {_call_text(report)}, which {ranks_text(never)} never made"
             for report, never in odd
         ]
         others = [report for report in waiting if report not in [one for one, _ in odd]]
@@ -197,7 +198,7 @@ def _section(report: RankReport, everyone: Sequence[RankReport]) -> list[str]:
     if report.last_call is not None:
         call = report.last_call
         done = "pending" if facts.inside is not None and facts.inside.index == call.index else "completed"
-        lines.append(f"  last collective entered: {call.name} #{call.index} on {call.group}, from {call.site} ({done})")
+        lines.append(f"  last collective entered: {call_text(call)} ({done})")
     lines.append(f"  last logged: {', '.join(report.logged) or 'nothing this loop'}")
     if report.workers:
         lines.append(f"  dataloader workers: {'; '.join(report.workers)}")
@@ -230,12 +231,7 @@ def _wait_text(report: RankReport) -> str:
     facts = report.facts
     if facts is None or report.waiting is None:
         return "nothing"
-    kind = report.waiting[0]
-    if kind == "collective" and facts.inside is not None:
-        return f"{facts.inside.name} (its call #{facts.inside.index} on {group_text(facts.inside.group)})"
-    if kind == "check" and facts.check is not None:
-        return f"lightning-ext's check before {facts.check[1]}"
-    return f"DDP's gradient all-reduce (synced backward pass #{facts.backward})"
+    return wait_text(report.waiting[0], facts)
 
 
 def _call_text(report: RankReport) -> str:

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
+from lightning_ext._files.storage import guarded
 from lightning_ext._stall.rank_report import launched, liveness
 from lightning_ext._watch.facts import Recorder
 from lightning_ext._watch.watchdog import ErrorRecord
@@ -29,7 +30,7 @@ _OBSERVER_GRACE = 20.0  # seconds Lightning's child observer waits before its ki
 class StallInterrupt(BaseException):
     """Raised in a training thread that runs Python code once the run has stalled; it becomes the ``StallError``.
 
-    A ``BaseException``, so that no ``except Exception`` on the way swallows it.
+    A ``BaseException``, so that no handler of ``Exception`` on the way swallows it.
     """
 
 
@@ -105,7 +106,7 @@ class StallEnding:
                 return
             if any(self.alive(rank) for rank in wait_for):
                 deadline = time.monotonic() + seconds
-        with contextlib.suppress(Exception):
+        with guarded():  # the rows kept so far, if they can be: this process ends now in any case
             self._flush()
         _end_children()
         print(
@@ -179,7 +180,8 @@ def _outwards(frame: FrameType | None) -> list[FrameType]:
 
 def _end_children() -> None:
     """End this process's multiprocessing children (its DataLoader workers), which would outlive an ``os._exit``."""
-    with contextlib.suppress(Exception):
+    # the set of children changes meanwhile (RuntimeError), a child is gone or closed (OSError, ValueError)
+    with contextlib.suppress(RuntimeError, OSError, ValueError):
         for child in multiprocessing.active_children():
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(OSError, ValueError):
                 child.kill()

@@ -11,9 +11,10 @@ import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from lightning_ext import _collective
+from lightning_ext._files.storage import guarded
 from lightning_ext._stall.causes import Thresholds, is_stalled, report_text, summarize, thresholds
 from lightning_ext._stall.ending import (
     StallEnding,
@@ -26,7 +27,7 @@ from lightning_ext._watch.facts import Recorder
 from lightning_ext._watch.watchdog import ANSWER_TIMEOUT, ErrorRecord, Watchdog, ask
 from lightning_ext.errors import is_joint
 
-__all__ = ["OnStall", "StallMonitor", "StallOptions", "introduction", "start"]
+__all__ = ["Introduction", "OnStall", "StallMonitor", "StallOptions", "introduction", "start"]
 
 OnStall = Literal["error", "report"]
 REPORT_NAME = "stall_report.txt"
@@ -62,9 +63,17 @@ class StallOptions:
             raise ValueError(f"on_stall must be 'error' or 'report', got {self.on_stall!r}")
 
 
-def introduction(log_dir: str | None) -> tuple[int, str, str | None]:
-    """What this rank tells the others at set-up: its pid and host (to tell whether it lives), and the log dir."""
-    return os.getpid(), socket.gethostname(), log_dir
+class Introduction(NamedTuple):
+    """What a rank tells the others at set-up: its pid and host (to tell whether it lives), and the log dir."""
+
+    pid: int
+    host: str
+    log_dir: str | None  # rank 0's is where the report goes
+
+
+def introduction(log_dir: str | None) -> Introduction:
+    """This rank's :class:`Introduction`."""
+    return Introduction(os.getpid(), socket.gethostname(), log_dir)
 
 
 def start(
@@ -72,15 +81,15 @@ def start(
     recorder: Recorder,
     watchdog: Watchdog,
     namespace: str,
-    peers: list[tuple[int, str, str | None]],
+    peers: list[Introduction],
     flush: Callable[[], None],
 ) -> "StallMonitor | None":
     """This rank's monitor, or ``None`` when the stall report is off (``peers``: every rank's :func:`introduction`)."""
     if options.stall_timeout is None or not peers:
         return None
     limits = thresholds(options.stall_timeout, _collective.training_timeout())
-    processes = [(pid, host) for pid, host, _ in peers]
-    monitor = StallMonitor(recorder, watchdog, limits, options.on_stall, namespace, peers[0][2], processes, flush)
+    processes = [(peer.pid, peer.host) for peer in peers]
+    monitor = StallMonitor(recorder, watchdog, limits, options.on_stall, namespace, peers[0].log_dir, processes, flush)
     checkpoint_work(recorder.trainer, recorder)
     defer_child_observer()
     return monitor
@@ -140,7 +149,7 @@ class StallMonitor:
         if self._thread is not threading.current_thread():
             self._thread.join(5.0)
         if self._reported is not None and self.record is None:  # the run ended soon after a report it outlived
-            with contextlib.suppress(Exception):  # a diagnostic never stands in the way of teardown
+            with guarded():  # a diagnostic never stands in the way of teardown
                 self._follow_up(self.since_progress())
 
     def idle_clients(self) -> list[Any]:
@@ -167,7 +176,7 @@ class StallMonitor:
             return None
         try:
             posted = self.watchdog.read_posted()
-        except Exception:  # the store is gone with the process that held it: what this rank's watchdog saw
+        except _collective.STORE_ERRORS:  # the store is gone with the process that held it: what the watchdog saw
             posted = self.watchdog.posted()
         if posted is not None and posted.cls == "StallError":
             return posted
@@ -176,19 +185,18 @@ class StallMonitor:
         if isinstance(error, StallInterrupt) or _collective.is_communication_failure(error):
             if posted is not None and posted.rank != self.rank:  # another rank's error ended its process: that one
                 return None
-            try:
+            with guarded() as failure:  # a diagnostic steps aside: the run ends with its own error
                 return self.inquire(failure=error)
-            except Exception as failure:  # a diagnostic steps aside: the run ends with its own error
-                warnings.warn(f"lightning-ext's stall report failed: {failure!r}", RuntimeWarning, stacklevel=1)
+            warnings.warn(f"lightning-ext's stall report failed: {failure.error!r}", RuntimeWarning, stacklevel=1)
         return None
 
     # ---- the thread ----------------------------------------------------------------------------------------------
     def _run(self) -> None:
         while not self._ended.wait(self.period):
-            try:
+            with guarded() as failure:  # a diagnostic never ends a run: warn, and stop watching
                 self._tick()
-            except Exception as error:  # a diagnostic never ends a run: warn, and stop watching
-                message = f"lightning-ext's stall monitor stopped on rank {self.rank}: {error!r}"
+            if failure.error is not None:
+                message = f"lightning-ext's stall monitor stopped on rank {self.rank}: {failure.error!r}"
                 warnings.warn(message, RuntimeWarning, stacklevel=1)
                 return
 
@@ -234,7 +242,7 @@ class StallMonitor:
             if not self._claim(episode):
                 return None if failure is None else self._verdict()
             everyone = self._gather()
-        except Exception:  # the store is gone (it lived in a process that ended): report what this rank knows
+        except _collective.STORE_ERRORS:  # the store is gone (it lived in a process that ended): report what it knows
             return self._report_alone(failure)
         if failure is None and not is_stalled(everyone, self.thresholds.report_after):
             self._store.add("stall/episode", 1)
@@ -262,9 +270,9 @@ class StallMonitor:
 
     def _verdict(self) -> ErrorRecord | None:
         """The error another rank's inquiry posts (this rank's collective failed too), or ``None`` if none comes."""
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(*_collective.STORE_ERRORS):  # none came in time, or the store is gone
             self._store.wait(["error"], datetime.timedelta(seconds=_VERDICT_WAIT))
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(*_collective.STORE_ERRORS):
             return self.watchdog.read_posted()
         return None
 

@@ -13,11 +13,14 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
 
-from lightning_ext._watch.facts import Call, Facts, Recorder
+from lightning_ext._watch.rank_facts import Call, Facts
+
+if TYPE_CHECKING:  # the recorder counts with torch.distributed; a report is plain data, and the rules read it pure
+    from lightning_ext._watch.facts import Recorder
 
 __all__ = ["Liveness", "RankReport", "checkpoint_work", "collect", "launched", "liveness", "progress_marks"]
 
@@ -71,7 +74,7 @@ def progress_marks(recorder: Recorder) -> tuple[Any, ...]:
     """
     marks: list[Any] = [recorder.total(), recorder.backwards, recorder.checks]
     trainer = recorder.trainer
-    with contextlib.suppress(Exception):  # a trainer half set up: the counters come later
+    with contextlib.suppress(AttributeError, TypeError):  # a trainer half set up: the counters come later
         fit = trainer.fit_loop.epoch_loop
         loops = (fit, fit.val_loop, trainer.validate_loop, trainer.test_loop, trainer.predict_loop)
         for loop in loops:
@@ -178,7 +181,7 @@ def _is_zombie(pid: int) -> bool:
 
 def launched(trainer: Any) -> dict[int, Any]:
     """The ranks this process launched, by pid (Lightning's default launcher: rank 0 is their parent), else ``{}``."""
-    with contextlib.suppress(Exception):
+    with contextlib.suppress(AttributeError, TypeError):  # another launcher (no procs), or none
         return {proc.pid: proc for proc in trainer.strategy.launcher.procs}
     return {}
 
@@ -192,7 +195,7 @@ def _ended(code: int) -> str:
 
 
 def _hook(trainer: Any) -> str | None:
-    with contextlib.suppress(Exception):
+    with contextlib.suppress(AttributeError):  # no trainer or module yet
         name = trainer.lightning_module._current_fx_name
         return None if name is None else str(name)
     return None
@@ -200,7 +203,8 @@ def _hook(trainer: Any) -> str | None:
 
 def _logged(trainer: Any) -> tuple[str, ...]:
     """The last keys logged in the running loop (``trainer._results``), newest last."""
-    with contextlib.suppress(Exception):  # the training thread may be changing the collection: skip, it is a report
+    # the training thread may be changing the collection (RuntimeError); a trainer without one: skip, it is a report
+    with contextlib.suppress(RuntimeError, AttributeError):
         results = trainer._results
         if results is None:
             return ()
@@ -214,7 +218,7 @@ def _workers() -> tuple[str, ...]:
     described = []
     try:
         children = multiprocessing.active_children()
-    except Exception:  # the training thread changes the set of workers meanwhile: a report goes without them
+    except (RuntimeError, OSError):  # the set of workers changes meanwhile: a report goes without them
         children = []
     for child in children:
         text = f"pid {child.pid} ({child.name})"

@@ -11,7 +11,7 @@ from numpy.typing import NDArray
 
 from lightning_ext._files.csv_format import STEP_S
 from lightning_ext._summaries.heatmap import draw_heatmap
-from lightning_ext._summaries.spread import MAD_SCALE, MEAN_AD_SCALE, metric_names
+from lightning_ext._summaries.spread import MAD_SCALE, MEAN_AD_SCALE, OUTLIER, metric_names
 from lightning_ext._summaries.time_plot import draw_time_row, is_time_column
 
 __all__ = [
@@ -27,7 +27,7 @@ __all__ = [
 
 LINES = 8  # ranks drawn one line each; more get percentile bands
 CURVE_POINTS = 500  # points per curve, at most (runs of steps are averaged)
-BANDS = (2.0, 3.5, 5.0, 10.0, 20.0)  # edges of the colours, in |robust z|; the last also caps |z|
+BANDS = (2.0, OUTLIER, 5.0, 10.0, 20.0)  # edges of the colours, in |robust z|; the last also caps |z|
 _ESCAPES = str.maketrans({"\n": "\\n", "\r": "\\r", "\t": "\\t"})
 
 

@@ -11,6 +11,8 @@ __all__ = [
     "MAD_SCALE",
     "MEAN_AD_SCALE",
     "OUTLIER",
+    "OUTLIER_MARK",
+    "ROBUST_Z",
     "MetricSpread",
     "RankValue",
     "Step",
@@ -25,6 +27,12 @@ NOT_METRICS = ("rank", "step", "epoch")
 MAD_SCALE = 0.6745  # the normal distribution's MAD in standard deviations: z is on the scale of a z-score
 MEAN_AD_SCALE = 0.7979  # the same for the mean absolute deviation, sqrt(2 / pi)
 OUTLIER = 3.5  # |robust z| beyond which a value is an outlier (Iglewicz and Hoaglin)
+# what robust_z computes, in words, and the outlier's mark: the command line prints them (its help, its table, JSON)
+ROBUST_Z = (
+    f"robust z = {MAD_SCALE} (value - median) / MAD, MAD the median of |value - median|; when MAD is 0,"
+    f" {MEAN_AD_SCALE} (value - median) / mean(|value - median|)"
+)
+OUTLIER_MARK = f"* marks |z| > {OUTLIER:g}"
 
 
 @dataclass(frozen=True)
@@ -99,14 +107,22 @@ def robust_z(values: "pd.Series[float]") -> tuple["pd.Series[float]", str]:
     median nor the MAD, so it cannot hide itself (a mean and standard deviation would). When more than half the
     values equal the median, MAD is 0; then ``z = 0.7979 (x - median) / mean(|x - median|)`` (the mean absolute
     deviation, scaled the same way); when that is 0 too, every finite value is the median (z = 0). Infinite values
-    stay out of the scale and get ``z = ±inf``. ``|z| > 3.5`` is the usual mark of an outlier (Iglewicz and Hoaglin).
+    stay out of the scale and get ``z = ±inf``. ``|z| > OUTLIER`` marks an outlier (Iglewicz and Hoaglin).
 
     Example:
         >>> z, scale = robust_z(pd.Series([1.0, 1.1, 0.9, 1.0, 9.0]))
         >>> [round(value, 2) for value in z], scale
         ([0.0, 0.67, -0.67, 0.0, 53.96], 'MAD')
-        >>> robust_z(pd.Series([1.0, 1.0, 1.0, 5.0]))[1]
-        'mean absolute deviation'
+
+        One z by hand, from the formula as :data:`ROBUST_Z` states it to users: for 1, 1, 1, 5 the median is 1 and
+        ``|value - median|`` is 0, 0, 0, 4, so MAD (their median) is 0 and their mean is 1; the value 5 is
+        ``0.7979 (5 - 1) / 1`` away:
+
+        >>> ROBUST_Z.endswith("when MAD is 0, 0.7979 (value - median) / mean(|value - median|)")
+        True
+        >>> z, scale = robust_z(pd.Series([1.0, 1.0, 1.0, 5.0]))
+        >>> round(float(z[3]), 4), round(0.7979 * (5 - 1) / 1, 4), scale
+        (3.1916, 3.1916, 'mean absolute deviation')
 
     """
     present = values.dropna()

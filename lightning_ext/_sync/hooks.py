@@ -5,9 +5,20 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any, Literal
 
 from lightning_ext._collective import is_world
+from lightning_ext._sync.pending import PendingMetrics, pending_names
 from lightning_ext._sync.queue import SyncQueue
 
-__all__ = ["LogSync", "active", "epoch_round", "hook_ended", "start", "stop", "validate_log_sync", "value_syncing"]
+__all__ = [
+    "LogSync",
+    "active",
+    "epoch_round",
+    "hook_ended",
+    "metrics_read",
+    "start",
+    "stop",
+    "validate_log_sync",
+    "value_syncing",
+]
 
 LogSync = Literal["coalesced", "per_value"]
 
@@ -22,13 +33,16 @@ def validate_log_sync(log_sync: Any) -> None:
 
 
 _ACTIVE: SyncQueue | None = None
+_RANK, _WORLD_SIZE = 0, 1
+_WARNED: set[Any] = set()  # the lines whose read of a pending value was warned about in this run
 UNCOALESCED = nullcontext()  # reusable: what the context managers below are when nothing coalesces
 
 
-def start(queue: SyncQueue) -> None:
+def start(queue: SyncQueue, rank: int, world_size: int) -> None:
     """Coalesce from now on (the strategy calls this at set-up, on every rank)."""
-    global _ACTIVE
-    _ACTIVE = queue
+    global _ACTIVE, _RANK, _WORLD_SIZE
+    _ACTIVE, _RANK, _WORLD_SIZE = queue, rank, world_size
+    _WARNED.clear()
 
 
 def stop() -> None:
@@ -55,6 +69,21 @@ def hook_ended() -> None:
     queue = _ACTIVE
     if queue is not None and queue.held:
         queue.flush()
+
+
+def metrics_read(metrics: dict[str, Any]) -> dict[str, Any]:
+    """``trainer.callback_metrics`` (``logged_metrics``, ``progress_bar_metrics``) as read now: while a hook's values
+    are pending, a copy whose pending values warn when read (:class:`~lightning_ext._sync.pending.PendingMetrics`).
+
+    No collective: the read may be under a rank guard. At world size 1 a value is already stock's.
+    """
+    queue = _ACTIVE
+    if queue is None or not queue.held or _WORLD_SIZE == 1:
+        return metrics
+    pending = pending_names(queue.held)
+    if not any(name in metrics for name in pending):
+        return metrics
+    return PendingMetrics(metrics, pending, _RANK, _WARNED)
 
 
 def epoch_round(results: Any, on_step: bool) -> AbstractContextManager[None]:

@@ -11,6 +11,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from lightning_ext._collective import STORE_ERRORS
 from lightning_ext._telemetry.telemetry import Telemetry, WindowRow
 from lightning_ext.errors import StragglerWarning
 
@@ -101,7 +102,7 @@ class StragglerWatch:
             self._idle.clear()
             try:
                 self._mailbox.notify(0, CHECK)
-            except Exception:  # the store is gone (the run is ending): no check
+            except STORE_ERRORS:  # the store is gone (the run is ending): no check
                 self._idle.set()
 
     def _give_warnings(self) -> None:

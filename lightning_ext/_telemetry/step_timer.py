@@ -1,6 +1,5 @@
 """Each training batch timed by phase: the timer, the blocks it times, and the wait at the end of a backward pass."""
 
-import contextlib
 from collections.abc import Callable
 from time import perf_counter_ns
 from types import TracebackType
@@ -17,6 +16,7 @@ from lightning_ext._files.csv_format import (
     OPTIMIZER_S,
     STEP_S,
 )
+from lightning_ext._files.storage import guarded
 
 __all__ = [
     "BACKWARD",
@@ -167,7 +167,7 @@ def timed_backward(wait: GradientWait | None, call: Callable[..., _Result], *arg
         return call(*args, **kwargs)
     handle = None
     try:
-        with contextlib.suppress(Exception):  # a diagnostic: the backward pass runs whatever happens here
+        with guarded():  # a diagnostic: the backward pass runs whatever happens here
             handle = wait.arm(args[0] if args else kwargs.get("closure_loss"))
         return call(*args, **kwargs)
     finally:

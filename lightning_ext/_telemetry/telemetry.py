@@ -23,7 +23,7 @@ from lightning_ext._files.csv_format import (
     TIME_COLUMNS,
     WORKERS_RSS_BYTES,
 )
-from lightning_ext._files.storage import write_whole
+from lightning_ext._files.storage import guarded, write_whole
 from lightning_ext._telemetry.step_timer import COLLECTIVES, DATA_WAIT, GradientWait, StepTimer, timing
 from lightning_ext.errors import RankMetricsWarning
 
@@ -117,13 +117,13 @@ class Telemetry:
 
     def attach(self, trainer: Any) -> None:
         """Start timing ``trainer``'s training batches, and write this rank's host record."""
-        try:
+        with guarded() as failure:
             loop = trainer.fit_loop.epoch_loop
             every = self._every or int(trainer.log_every_n_steps) or 1
             before, after, advance = loop._on_before_fetch, loop._on_after_fetch, loop.advance
             write_whole(self._logger.path + HOST_SUFFIX, json.dumps(host_record(self._rank)).encode())
-        except Exception as error:
-            self._stop(error, "starting")
+        if failure.error is not None:
+            self._stop(failure.error, "starting")
             return
         timer = self.timer
 
@@ -166,24 +166,24 @@ class Telemetry:
             else:
                 owner.__dict__[name] = before
         if self._last_step is not None:
-            try:
+            with guarded() as failure:
                 self.write_row(self._last_step, memory_now=True)
-            except Exception as error:
-                self._warn(error, "writing its last row")
+            if failure.error is not None:
+                self._warn(failure.error, "writing its last row")
 
     def _shadow(self, owner: Any, name: str, replacement: Any) -> None:
         self._shadowed.append((owner, name, owner.__dict__.get(name)))
         owner.__dict__[name] = replacement
 
     def _after_batch(self, loop: Any, every: int) -> None:
-        try:
+        with guarded() as failure:
             step = int(loop._batches_that_stepped)  # the step of Lightning's own row for this batch
             self._last_step, self._epoch = step, int(loop.trainer.current_epoch)
             if (step + 1) % every == 0:  # as Lightning's should_update_logs decides
                 self.write_row(step)
                 self.row_written()
-        except Exception as error:
-            self._stop(error, "sampling")
+        if failure.error is not None:
+            self._stop(failure.error, "sampling")
 
     def write_row(self, step: int, *, memory_now: bool = False) -> None:
         """Write the means of the batches timed since the last row as the row of ``step``, with the memory now if it

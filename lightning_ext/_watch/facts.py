@@ -1,4 +1,4 @@
-"""What a rank knows about itself for the hang checks' verdicts: its collective calls, backward passes, progress."""
+"""How a rank records its facts: torch.distributed's collectives counted by wrappers, backward passes, signals."""
 
 from __future__ import annotations
 
@@ -11,16 +11,16 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
 
 import torch.distributed as dist
 
-from lightning_ext._watch.progress import Progress, progress_of
+from lightning_ext._watch.progress import progress_of
+from lightning_ext._watch.rank_facts import WORLD, Call, Facts
 from lightning_ext._watch.sites import called_as, user_site
 
-__all__ = ["COUNTED", "Call", "Facts", "Recorder", "SignalConsumer", "make_call"]
+__all__ = ["COUNTED", "Recorder", "SignalConsumer", "barrier_skipped_now", "make_call"]
 
 # the torch.distributed collectives whose calls are counted (point-to-point calls are not: they are not symmetric)
 COUNTED = (
@@ -42,65 +42,7 @@ COUNTED = (
     "scatter",
     "scatter_object_list",
 )
-WORLD = "world"
 SIGNALS = ("SIGTERM", "SIGINT", "SIGUSR1")
-
-
-@dataclass(frozen=True)
-class Call:
-    """A collective call of the training thread, counted per process group.
-
-    Attributes:
-        group: the group's name (``"world"`` for the default group); only groups of every rank are counted.
-        index: this call's number among the counted calls on that group (1 for the first).
-        name: what was called, for people: ``torch.distributed.all_gather (via LightningModule.all_gather)``.
-        site: where in the user's code: ``model.py:40 in validation_step``.
-        lightning: whether Lightning's own flow made it (the user's code only called ``trainer.fit``, ``validate``,
-            ...): every rank makes such a call in its normal flow, so it is never the call that some ranks made alone.
-
-    """
-
-    group: str
-    index: int
-    name: str
-    site: str
-    lightning: bool = False
-
-
-@dataclass(frozen=True)
-class Facts:
-    """One rank's report about itself.
-
-    Attributes:
-        rank: the rank.
-        check: the lightning-ext check it waits in, as ``(number, description)``, or ``None``.
-        checks: the number of the last check it has passed (every rank numbers the checks alike).
-        counts: its counted collective calls so far, per group.
-        inside: the counted collective call its training thread is inside now, or ``None``.
-        backward: the number of the synced backward pass it is in now (DDP's gradient all-reduce runs in it), or
-            ``None``; a backward pass without gradient sync, or whose sync is unknown, is not counted.
-        backwards: synced backward passes completed.
-        progress: where it is in Lightning's loops.
-        signal: the signal it received (``"SIGTERM in training of epoch 0, ..."``), or ``None``.
-        recent: its last counted collective calls outside backward passes, oldest first (to name a call that other
-            ranks did not make).
-        at: the innermost frame of user code, for people only (never part of a verdict).
-        batches: the batches it has started in the run, in every stage (how far it got: to name the ranks behind).
-
-    """
-
-    rank: int
-    check: tuple[int, str] | None = None
-    checks: int = 0
-    counts: dict[str, int] = field(default_factory=dict)
-    inside: Call | None = None
-    backward: int | None = None
-    backwards: int = 0
-    progress: Progress | None = None
-    signal: str | None = None
-    recent: tuple[Call, ...] = ()
-    at: str | None = None
-    batches: int = 0
 
 
 class Recorder:
@@ -130,9 +72,8 @@ class Recorder:
         self._busy = 0  # checkpoint writes and loads under way
         self._groups: dict[int, tuple[Any, str]] = {}
         self._depth = 0
-        self.checked = (
-            False  # the training thread is in a call that a check has just lined up: it cannot be the odd one
-        )
+        self.checked = False  # the training thread is in a call that a check has just lined up: not the odd one
+        self.lined_up = False  # the training thread's barrier calls do nothing now (see ``barrier_skipped``)
         self._originals: dict[str, Callable[..., Any]] = {}
         self._signal_handlers: dict[int, _SignalNote] = {}
         # set by the owner: what a signal means for the run; it may return what runs instead of the replaced handler
@@ -204,6 +145,21 @@ class Recorder:
         self.backwards += 1
 
     @contextlib.contextmanager
+    def barrier_skipped(self, checked: bool) -> Iterator[None]:
+        """Within the block, the training thread's ``torch.distributed.barrier`` calls return at once, uncounted.
+
+        The ranks are lined up already (a check, or the coalesced sync's pack on every rank at the same hook end), so
+        the barrier Lightning's ``_sync_ddp`` runs before its all-reduce would only add a collective. The counting
+        wrapper skips it for the training thread only: another thread's barrier runs. ``checked``: a check lined the
+        ranks up, so the calls inside are not the odd ones out.
+        """
+        self.lined_up, self.checked = True, checked
+        try:
+            yield
+        finally:
+            self.lined_up = self.checked = False
+
+    @contextlib.contextmanager
     def busy(self) -> Iterator[None]:
         """Within the block, this rank writes or loads a checkpoint: work that is progress however long it takes."""
         self._busy += 1
@@ -265,7 +221,9 @@ class Recorder:
         try:
             spans = dist.get_world_size(group) == self.world_size
             key = str(getattr(group, "group_name", id(group))) if spans else None
-        except Exception:  # not a group this rank belongs to
+        except Exception:  # guards the user's own collective call, which this wrapper is about to make. Nothing
+            # narrower: whatever torch says of a group object it does not know (or that this rank is not in), the call
+            # itself must go on and report it; the group is then not counted
             key = None
         if key is not None:
             self._groups[id(group)] = (group, key)
@@ -283,6 +241,11 @@ class _SignalNote:
     def __init__(self, recorder: Recorder, name: str, previous: Any) -> None:
         self.recorder, self.name, self.previous = recorder, name, previous
         self.consumer: SignalConsumer | None = None
+
+    @property
+    def signal_handlers(self) -> list[Any]:
+        """The handler it runs after its note, as a compose holds its handlers (a later run's stop walks into it)."""
+        return [self.previous]
 
     def __call__(self, number: int, frame: FrameType | None) -> Any:
         recorder = self.recorder
@@ -315,11 +278,15 @@ def _counted(function: Callable[..., Any], name: str) -> Callable[..., Any]:
     except (ValueError, TypeError):
         position = -1
 
+    skippable = name == "barrier"
+
     @functools.wraps(function)
     def counted(*args: Any, **kwargs: Any) -> Any:
         recorder = _ACTIVE
         if recorder is None or recorder._depth or threading.get_ident() != recorder.thread:
             return function(*args, **kwargs)
+        if skippable and recorder.lined_up:  # Lightning's barrier before an all-reduce of ranks already lined up
+            return None
         group = kwargs.get("group", args[position] if 0 <= position < len(args) else None)
         key = recorder._group_key(group)
         if key is None:
@@ -340,6 +307,12 @@ def _counted(function: Callable[..., Any], name: str) -> Callable[..., Any]:
 
     setattr(counted, _MARK, True)
     return counted
+
+
+def barrier_skipped_now() -> bool:
+    """Whether a ``torch.distributed.barrier`` that this thread calls now returns at once (``barrier_skipped``)."""
+    recorder = _ACTIVE
+    return bool(recorder is not None and recorder.lined_up and threading.get_ident() == recorder.thread)
 
 
 def make_call(group: str, index: int, name: str, caller: FrameType) -> Call:

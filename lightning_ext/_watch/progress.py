@@ -75,5 +75,7 @@ def progress_of(trainer: Any) -> Progress | None:
             eval_done=not evaluating or bool(eval_fetcher is not None and eval_fetcher.done),
             hook=None if hook is None else str(hook),
         )
-    except Exception:
+    # a trainer half set up or torn down: a loop, a fetcher or a state not there yet (AttributeError, or None where a
+    # number is read: TypeError, ValueError)
+    except (AttributeError, TypeError, ValueError):
         return None

@@ -1,51 +1,28 @@
-"""How the hang checks and the stall report say things: ranks as ranges, grouped lines, what a rank does; pure."""
+"""How the hang checks and the stall report say things: lines grouped by rank, sites, calls, what a rank does; pure."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
 
-from lightning_ext._watch.facts import WORLD, Call, Facts
+from lightning_ext._rank_lists import ranks_text
+from lightning_ext._watch.rank_facts import WORLD, Call, Facts
 
 __all__ = [
     "DETAIL_GROUPS",
     "FIRST_LINE",
+    "backward_text",
     "call_text",
     "doing",
-    "group_text",
     "grouped_lines",
-    "ranks_text",
     "short_site",
     "shortened",
+    "wait_text",
 ]
 
 FIRST_LINE = 200  # characters: a first line stays under this at any world size
 DETAIL_GROUPS = 8  # detail lines: at most this many groups of ranks, then one line for the rest
 _SITE = re.compile(r"^(?P<path>.+):(?P<line>\d+)(?: in .*)?$")
-
-
-def ranks_text(ranks: Iterable[int], most: int = 4) -> str:
-    """The ranks, as few words as it takes: ``rank 3``, ``ranks 1-7``, ``ranks 0, 2, 5-9``; beyond ``most`` runs of
-    consecutive ranks, the rest as a count: ``ranks 0, 2, 4, 6 and 508 more``.
-
-    Example:
-        >>> ranks_text([3]), ranks_text(range(1, 8)), ranks_text([0, 1, 5]), ranks_text(range(0, 1024, 2))
-        ('rank 3', 'ranks 1-7', 'ranks 0-1, 5', 'ranks 0, 2, 4, 6 and 508 more')
-
-    """
-    ordered = sorted(set(ranks))
-    if not ordered:
-        return "no rank"
-    runs: list[list[int]] = []
-    for rank in ordered:
-        if runs and rank == runs[-1][1] + 1:
-            runs[-1][1] = rank
-        else:
-            runs.append([rank, rank])
-    shown = runs[:most]
-    text = ", ".join(str(first) if first == last else f"{first}-{last}" for first, last in shown)
-    rest = len(ordered) - sum(last - first + 1 for first, last in shown)
-    return ("rank " if len(ordered) == 1 else "ranks ") + text + (f" and {rest} more" if rest else "")
 
 
 def grouped_lines(items: Iterable[tuple[int, str]], most: int = DETAIL_GROUPS) -> list[str]:
@@ -78,14 +55,30 @@ def shortened(text: str, longest: int) -> str:
     return text if len(text) <= longest else text[: longest - 3] + "..."
 
 
-def group_text(name: str) -> str:
+def _group_text(name: str) -> str:
     """``the default group`` or ``process group 'tp'``: a counted call's process group, for people."""
     return "the default group" if name == WORLD else f"process group {name!r}"
 
 
 def call_text(call: Call) -> str:
     """``torch.distributed.all_reduce called from train.py:42 in training_step (its call #3 on the default group)``."""
-    return f"{call.name} called from {call.site} (its call #{call.index} on {group_text(call.group)})"
+    return f"{call.name} called from {call.site} (its call #{call.index} on {_group_text(call.group)})"
+
+
+def backward_text(number: int | None) -> str:
+    """``DDP's gradient all-reduce (synced backward pass #4)``: where a rank in a synced backward pass waits."""
+    return f"DDP's gradient all-reduce (synced backward pass #{number})"
+
+
+def wait_text(kind: str, facts: Facts) -> str:
+    """What a rank waits in, for people (the checks' messages and the stall report word it alike): ``kind`` is
+    ``"collective"`` (the counted call it is inside: :func:`call_text`), ``"check"`` (a lightning-ext check) or
+    ``"backward"`` (:func:`backward_text`)."""
+    if kind == "collective" and facts.inside is not None:
+        return call_text(facts.inside)
+    if kind == "check" and facts.check is not None:
+        return f"lightning-ext's check before {facts.check[1]}"
+    return backward_text(facts.backward)
 
 
 def doing(facts: Facts | None, hook: str | None = None, stack: str = "", workers: Sequence[str] = ()) -> str:
@@ -100,8 +93,7 @@ def doing(facts: Facts | None, hook: str | None = None, stack: str = "", workers
     if facts is not None and facts.inside is not None:
         return f"blocked in {call_text(facts.inside)}{during}"
     if facts is not None and facts.backward is not None:
-        pass_ = f"in its synced backward pass #{facts.backward} (DDP all-reduces the gradients in it)"
-        return f"{pass_}{in_hook}{at}{during}"
+        return f"in {backward_text(facts.backward)}{in_hook}{at}{during}"
     if "torch/utils/data/dataloader.py" in stack and "_get_data" in stack:
         listed = f" ({'; '.join(workers)})" if workers else ""
         return f"waiting for a batch from its DataLoader worker process(es){listed}{during}"

@@ -9,7 +9,7 @@ from pathlib import Path
 from types import FrameType
 from typing import NamedTuple
 
-__all__ = ["Caller", "called_as", "user_site"]
+__all__ = ["Caller", "called_as", "user_frame", "user_site"]
 
 _STDLIB = Path(sysconfig.get_paths()["stdlib"]).as_posix()
 _ENTRY_POINTS = ("Trainer.fit", "Trainer.validate", "Trainer.test", "Trainer.predict")
@@ -42,13 +42,19 @@ def _packages() -> tuple[str, ...]:
     return tuple(roots)
 
 
+def user_frame(frame: FrameType | None) -> FrameType | None:
+    """The innermost frame, from ``frame`` outwards, outside the libraries (``None`` if there is none)."""
+    while frame is not None and _kind(frame.f_code.co_filename) != _USER:
+        frame = frame.f_back
+    return frame
+
+
 def user_site(frame: FrameType | None, default: str | None = "an unknown place") -> str | None:
     """``file:line in function`` of the innermost frame, from ``frame`` outwards, outside the libraries."""
-    while frame is not None:
-        if _kind(frame.f_code.co_filename) == _USER:
-            return f"{frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}"
-        frame = frame.f_back
-    return default
+    frame = user_frame(frame)
+    if frame is None:
+        return default
+    return f"{frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}"
 
 
 class Caller(NamedTuple):

@@ -13,7 +13,9 @@ from datetime import timedelta
 from typing import Any, NoReturn
 
 from lightning_ext import _collective, errors
-from lightning_ext._watch.facts import Facts, Recorder
+from lightning_ext._collective import STORE_ERRORS
+from lightning_ext._watch.facts import Recorder
+from lightning_ext._watch.rank_facts import Facts
 from lightning_ext.errors import mark_joint
 
 __all__ = ["ANSWER_TIMEOUT", "ErrorRecord", "Watchdog", "ask", "mail", "raise_record"]
@@ -87,7 +89,7 @@ class Watchdog:
         _LIVE.discard(self)
         if not self._thread.is_alive():
             return
-        with contextlib.suppress(Exception):  # the store is gone: the thread's wait fails and it ends by itself
+        with contextlib.suppress(*STORE_ERRORS):  # the store is gone: the thread's wait fails and it ends by itself
             self._mail(self.rank, {"type": "stop"})
         self._thread.join(wait.total_seconds())
 
@@ -165,6 +167,19 @@ class Watchdog:
     def _mail(self, rank: int, message: dict[str, str]) -> None:
         mail(self._quick, rank, message)
 
+    def _handle(self, store: Any, message: dict[str, str]) -> None:
+        """Answer another rank's request, or run the handler of a message (on this watchdog's thread)."""
+        kind = message["type"]
+        # guards the watchdog's thread from what it runs for others: a rank's stall report (psutil, frames and
+        # Lightning's state, read while the training thread changes them), the live straggler check's rows, the
+        # preemption stop's handlers. Nothing narrower: whatever they raise, the thread must go on delivering the hang
+        # checks' errors; a request left unanswered finds this rank silent, as a rank that cannot answer is
+        with contextlib.suppress(Exception):
+            if kind in self.answers:
+                store.set(f"answer/{message['id']}/{self.rank}", pickle.dumps(self.answers[kind]()))
+            else:
+                self.handlers[kind](message)
+
     def _serve(self) -> None:
         store, number = self._thread_store, 1
         while True:
@@ -172,19 +187,14 @@ class Watchdog:
             try:
                 store.wait([key], _IDLE_WAIT)
                 message = json.loads(store.get(key))
-            except Exception:  # the store is gone (the run ended): nothing left to serve
+            except STORE_ERRORS:  # the store is gone (the run ended): nothing left to serve
                 return
             _forget(store, key)
             number += 1
             if message["type"] == "stop":
                 return
-            if message["type"] in self.answers:
-                with contextlib.suppress(Exception):  # no answer: the asker takes this rank as silent
-                    answer = pickle.dumps(self.answers[message["type"]]())
-                    store.set(f"answer/{message['id']}/{self.rank}", answer)
-            elif message["type"] in self.handlers:
-                with contextlib.suppress(Exception):  # a diagnostic's failure must not end the watchdog
-                    self.handlers[message["type"]](message)
+            if message["type"] in self.answers or message["type"] in self.handlers:
+                self._handle(store, message)
             elif message["type"] in ("error", "complete"):
                 if self._posted is None:
                     self._posted = ErrorRecord(**json.loads(store.get("error")))
@@ -208,7 +218,7 @@ def ask(store: Any, ranks: list[int], kind: str, timeout: float) -> dict[int, An
     for rank in ranks:
         mail(store, rank, {"type": kind, "id": request})
     keys = {rank: f"answer/{request}/{rank}" for rank in ranks}
-    with contextlib.suppress(Exception):  # some did not answer in time: take the others
+    with contextlib.suppress(*STORE_ERRORS):  # some did not answer in time: take the others
         store.wait(list(keys.values()), timedelta(seconds=timeout))
     answers = {}
     for rank, key in keys.items():
@@ -220,7 +230,7 @@ def ask(store: Any, ranks: list[int], kind: str, timeout: float) -> dict[int, An
 
 def _forget(store: Any, key: str) -> None:
     """Remove a key read once (mail, an answer), so that a long run's requests do not pile up in the store."""
-    with contextlib.suppress(Exception):  # a store that cannot delete keeps it: no harm but the memory
+    with contextlib.suppress(*STORE_ERRORS):  # a store that cannot delete keeps it: no harm but the memory
         store.delete_key(key)
 
 

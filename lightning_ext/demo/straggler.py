@@ -88,7 +88,15 @@ def find_the_straggler(devices: int, root: str, *, tensorboard: bool = False) ->
             f" ({record.seconds * 1000:.1f} ms against {record.others_s * 1000:.2f} ms), and they lost"
             f" {record.cost:.0%} of their step time waiting for it"
         )
-    if found.empty:
-        lines.append("  no straggler found: the machine may be too busy to tell")
+    named = sorted({(int(rank), str(phase)) for rank, phase in zip(found["rank"], found["phase"], strict=True)})
+    if named == [(slow, "data loading")]:
+        lines.append(f"  checked: the verdict names rank {slow} and its data loading, the rank and phase slowed, alone")
+    elif found.empty:
+        lines.append(f"  checked: no straggler found, not rank {slow}: the machine may be too busy to tell")
+    else:
+        lines.append(
+            f"  checked: the verdict does not name rank {slow}'s data loading alone (it names"
+            f" {', '.join(f'rank {rank} ({phase})' for rank, phase in named)}): the machine may be too busy to tell"
+        )
     lines.append(f"  the same from the command line: lightning-ext ranks {log_dir} --stragglers")
     return lines

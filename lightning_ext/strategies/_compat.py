@@ -14,6 +14,7 @@ from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 from lightning.pytorch.loops.evaluation_loop import _EvaluationLoop
 from lightning.pytorch.loops.fetchers import _DataFetcher, _PrefetchDataFetcher
 from lightning.pytorch.loops.fit_loop import _FitLoop
+from lightning.pytorch.loops.prediction_loop import _PredictionLoop
 from lightning.pytorch.trainer import call as _call
 from lightning.pytorch.trainer.connectors.accelerator_connector import _AcceleratorConnector
 from lightning.pytorch.trainer.connectors.logger_connector.logger_connector import _LoggerConnector
@@ -86,6 +87,12 @@ SIGNATURES: dict[tuple[Any, str], tuple[tuple[str, ...], ...]] = {
     (_PrefetchDataFetcher, "__next__"): (("self",),),
     (Trainer, "_run"): (("self", "model", "ckpt_path"), ("self", "model", "ckpt_path", "weights_only")),  # 2.5, 2.6
     (_DataFetcher, "setup"): (("self", "combined_loader"),),
+    # each evaluation and prediction batch's end (a preemption stop, another rank's error), the trainer's metrics
+    (_EvaluationLoop, "_evaluation_step"): (("self", "batch", "batch_idx", "dataloader_idx", "dataloader_iter"),),
+    (_PredictionLoop, "_predict_step"): (("self", "batch", "batch_idx", "dataloader_idx", "dataloader_iter"),),
+    (Trainer, "callback_metrics"): (("self",),),  # properties: their getters
+    (Trainer, "logged_metrics"): (("self",),),
+    (Trainer, "progress_bar_metrics"): (("self",),),
     # trainer/call.py's functions (the hooks end there: the coalesced sync), and the log a compiled module calls
     (_call, "_call_lightning_module_hook"): (("trainer", "hook_name", "args", "pl_module", "kwargs"),),
     (_call, "_call_callback_hooks"): (("trainer", "hook_name", "args", "monitoring_callbacks", "kwargs"),),

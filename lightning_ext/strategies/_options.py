@@ -15,7 +15,7 @@ from lightning_ext._checks.guard import HangChecks, UnevenMode
 from lightning_ext._per_rank.writer import PerRankMetrics
 from lightning_ext._stall.monitor import OnStall
 from lightning_ext._sync.hooks import LogSync
-from lightning_ext.policies import PolicyLike
+from lightning_ext.policies import DecisionPolicy, PolicyLike
 
 __all__ = ["StrategyOptions", "give_init", "init_for", "mixin_signature"]
 
@@ -42,6 +42,21 @@ class StrategyOptions:
     def take(cls, kwargs: dict[str, Any]) -> "StrategyOptions":
         """The options among ``kwargs``, removed from it (the rest is the strategy's)."""
         return cls(**{name: kwargs.pop(name) for name in _NAMES if name in kwargs})
+
+    def described(self) -> dict[str, tuple[str, str]]:
+        """Each option by name, as the ranks compare it at set-up and as people read it: ``(identity, text)``; a
+        policy's identity is its ``describe()`` (the stable text :class:`~lightning_ext.DecisionPolicy` defines for
+        this), its text its ``repr``; any other value is its ``repr`` for both.
+
+        Example:
+            >>> StrategyOptions(log_sync="per_value").described()["log_sync"]
+            ("'per_value'", "'per_value'")
+
+        """
+        return {
+            name: (value.describe() if isinstance(value, DecisionPolicy) else repr(value), repr(value))
+            for name, value in ((name, getattr(self, name)) for name in _NAMES)
+        }
 
 
 _NAMES = tuple(field.name for field in dataclasses.fields(StrategyOptions))

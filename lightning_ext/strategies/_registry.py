@@ -91,7 +91,9 @@ def _register(package: Package) -> None:
         for module in _STRATEGIES:
             importlib.import_module(module_for(module, package))
         importlib.import_module(module_for("lightning_ext.strategies._runtime", package)).check_trainer_strategies()
-    except Exception as error:  # never break the user's `import lightning` over our names
+    except Exception as error:  # guards the user's `import lightning` (this runs inside it) from our names' set-up.
+        # Nothing narrower: importing our modules and checking the Trainer's strategies against a Lightning release we
+        # may not know can fail in any way, and no failure of ours may break that import; it warns instead
         warnings.warn(
             f"lightning-ext could not set up its strategy names for {package}: {error!r}", RuntimeWarning, stacklevel=2
         )

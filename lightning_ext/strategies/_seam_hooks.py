@@ -15,19 +15,31 @@ __all__ = [
     "after_eval_setup_data",
     "after_fit_setup_data",
     "batch_started",
+    "callback_ended",
+    "coalescing",
     "epoch_round",
+    "evaluation_batch_ended",
     "fetch",
     "hook_ended",
     "max_batches",
+    "metrics_read",
     "syncing",
 ]
 
 after_eval_setup_data = hang.after_eval_setup_data
 after_fit_setup_data = hang.after_fit_setup_data
 batch_started = hang.batch_started
+evaluation_batch_ended = hang.evaluation_batch_ended
 fetch = hang.fetch
 max_batches = hang.max_batches
 hook_ended = sync.hook_ended
+callback_ended = sync.hook_ended  # after each callback's call of a hook: the values it logged sync before the next runs
+metrics_read = sync.metrics_read
+
+
+def coalescing() -> bool:
+    """Whether a lightning-ext strategy coalesces synced values now (a callback's values then sync after its call)."""
+    return sync.active() is not None
 
 
 def syncing(result_metric: Any, phase: str) -> AbstractContextManager[None]:

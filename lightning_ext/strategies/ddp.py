@@ -17,10 +17,7 @@ class PolicyDDPStrategy(PolicyStrategyMixin, DDPStrategy):
     """DDP whose ``ModelCheckpoint``/``EarlyStopping`` decisions follow your policies, with optional per-rank metrics.
 
     Takes every :class:`~lightning.pytorch.strategies.DDPStrategy` argument, plus the keyword-only options of
-    :class:`~lightning_ext.PolicyStrategyMixin`: ``checkpoint_policy`` (default ``"all"``, as stock),
-    ``early_stopping_policy`` (default ``"any"``, as stock), ``per_rank_metrics``, and the hang checks
-    (``hang_checks``, ``uneven_batches``, ``check_unsized_loaders``), ``decision_record``, ``preemption_policy``, and
-    the stall report (``stall_timeout``, ``on_stall``).
+    :class:`~lightning_ext.PolicyStrategyMixin` (listed there; their defaults decide as stock Lightning does).
 
     A policy is a name from :func:`~lightning_ext.available_policies` or a :class:`~lightning_ext.DecisionPolicy`
     object such as ``Quorum(2)``. Whatever the policy, every rank ends each decision with the same decision, the same

@@ -1,5 +1,6 @@
 """``PolicyStrategyMixin``: the policies, per-rank metrics and hang checks for any Lightning ``ParallelStrategy``."""
 
+import dataclasses
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -21,21 +22,22 @@ from lightning_ext._packages.choice import (
     strategy_for_other_package,
 )
 from lightning_ext._per_rank import local_values
-from lightning_ext._per_rank.logger import RankCSVLogger, loggers_for
-from lightning_ext._per_rank.tensorboard_files import event_files_for
+from lightning_ext._per_rank.logger import RankMetricsLogger, loggers_for
+from lightning_ext._per_rank.sinks import sinks_for
 from lightning_ext._per_rank.writer import PerRankMetrics
 from lightning_ext._preemption.stop import resolve_preemption_policy
 from lightning_ext._setup import checks as setup_checks
 from lightning_ext._stall.monitor import StallOptions
 from lightning_ext._sync import hooks as sync_hooks
 from lightning_ext._sync.hooks import LogSync
-from lightning_ext._sync.queue import SyncQueue, exact_mean_input
+from lightning_ext._sync.queue import SyncQueue
 from lightning_ext._telemetry import step_timer
 from lightning_ext._telemetry.live_stragglers import start_telemetry
 from lightning_ext._telemetry.telemetry import Telemetry
 from lightning_ext.policies import DecisionPolicy, resolve_policy
 from lightning_ext.strategies import _compat, _runtime
 from lightning_ext.strategies._class_checks import check_base, check_order
+from lightning_ext.strategies._collectives import CollectiveSeams
 from lightning_ext.strategies._options import StrategyOptions, give_init, mixin_signature
 from lightning_ext.strategies._set_up import agree, invalid_policies
 
@@ -48,7 +50,7 @@ else:
     _Strategy = object
 
 
-class PolicyStrategyMixin(_Strategy):
+class PolicyStrategyMixin(CollectiveSeams, _Strategy):
     """Adds decision policies and per-rank metrics to a Lightning ``ParallelStrategy`` subclass.
 
     Put it first in the bases: ``class MyStrategy(PolicyStrategyMixin, DDPStrategy)``. It takes these keyword-only
@@ -124,8 +126,16 @@ class PolicyStrategyMixin(_Strategy):
         if not isinstance(per_rank_metrics, (bool, PerRankMetrics)):
             raise TypeError(f"per_rank_metrics must be a bool or PerRankMetrics, got {type(per_rank_metrics).__name__}")
         self._per_rank_metrics = PerRankMetrics() if per_rank_metrics is True else (per_rank_metrics or None)
+        # the options as set-up's exchange compares them across ranks (policies resolved: "all" is AllRanks())
+        self._options = dataclasses.replace(
+            options,
+            checkpoint_policy=self._checkpoint_policy,
+            early_stopping_policy=self._early_stopping_policy,
+            per_rank_metrics=self._per_rank_metrics or False,
+            preemption_policy=preemption,
+        )
         self._run_log_dir: str | None = None
-        self.rank_metrics_logger: RankCSVLogger | None = None
+        self.rank_metrics_logger: RankMetricsLogger | None = None
         self._telemetry: Telemetry | None = None
         self._step_timer: step_timer.StepTimer | None = None  # times the phases below while telemetry is on
         self._gradient_wait: step_timer.GradientWait | None = None  # and the wait at the end of each backward pass
@@ -207,7 +217,7 @@ class PolicyStrategyMixin(_Strategy):
         self._hang_guard.start(self._rank(), self.world_size, namespace, self._trainer(), peers, routes)
         if self._log_sync == "coalesced" and _collective.is_initialized():
             self._sync_queue = SyncQueue(self._reduce_packed, self._hang_guard.check_pack)
-            sync_hooks.start(self._sync_queue)
+            sync_hooks.start(self._sync_queue, self._rank(), self.world_size)
         setup_checks.start(setup_checks.SetupChecks(RankGroup.from_strategy(self), self._trainer()))
 
     @override
@@ -222,8 +232,8 @@ class PolicyStrategyMixin(_Strategy):
         self._hang_guard.watch_backward_passes(self)
         if self._per_rank_metrics is None or self._run_log_dir is None:
             return
-        events = event_files_for(trainer, self._run_log_dir, self._rank(), self._per_rank_metrics)
-        self.rank_metrics_logger = RankCSVLogger(self._run_log_dir, self._rank(), self._per_rank_metrics, events)
+        sinks = sinks_for(trainer, self._rank(), self._per_rank_metrics, self._main_runs)
+        self.rank_metrics_logger = RankMetricsLogger(self._run_log_dir, self._rank(), self._per_rank_metrics, sinks)
         local_values.start_capture(self._rank())
         if trainer.loggers:  # a member for the run, so it also gets what callbacks send to every logger
             trainer.loggers = [*trainer.loggers, self.rank_metrics_logger]
@@ -255,6 +265,11 @@ class PolicyStrategyMixin(_Strategy):
     @override
     def on_test_start(self) -> None:
         super().on_test_start()
+        self._hang_guard.watch_signals()
+
+    @override
+    def on_predict_start(self) -> None:
+        super().on_predict_start()
         self._hang_guard.watch_signals()
 
     @override
@@ -309,43 +324,6 @@ class PolicyStrategyMixin(_Strategy):
     def optimizer_step(self, *args: Any, **kwargs: Any) -> Any:
         return step_timer.timed(self._step_timer, step_timer.OPTIMIZER, super().optimizer_step, *args, **kwargs)
 
-    @override
-    def reduce(self, tensor: Any, group: Any | None = None, reduce_op: Any = "mean") -> Any:
-        tensor = exact_mean_input(tensor, reduce_op)
-        queue = self._sync_queue
-        if queue is not None and _collective.is_world(group):
-            synced = queue.take(tensor, reduce_op)  # a logged value: it syncs with the others of its hook or round
-            if synced is not None:
-                return synced
-        with step_timer.timing(self._step_timer, step_timer.COLLECTIVES):
-            return self._hang_guard.reduce(super().reduce, tensor, group, reduce_op)  # type: ignore[safe-super]
-
-    def _reduce_packed(self, tensor: Any, reduce_op: str) -> Any:
-        """Lightning's own ``reduce`` of packed logged values, without its barrier (their check lined the ranks up)."""
-        with step_timer.timing(self._step_timer, step_timer.COLLECTIVES), self._hang_guard.without_barrier():
-            return super().reduce(tensor, group=None, reduce_op=reduce_op)  # type: ignore[safe-super]
-
-    @override
-    def barrier(self, name: str | None = None) -> None:
-        with step_timer.timing(self._step_timer, step_timer.COLLECTIVES):
-            self._hang_guard.check_call(f"strategy.barrier({'' if name is None else repr(name)})", ("barrier", name))
-            super().barrier(name)  # type: ignore[safe-super]
-
-    @override
-    def broadcast(self, obj: Any, src: int = 0) -> Any:
-        with step_timer.timing(self._step_timer, step_timer.COLLECTIVES):
-            self._hang_guard.check_call(f"strategy.broadcast(src={src})", ("broadcast", src))
-            return super().broadcast(obj, src)  # type: ignore[safe-super]
-
-    @override
-    def all_gather(self, tensor: Any, group: Any | None = None, sync_grads: bool = False) -> Any:
-        with step_timer.timing(self._step_timer, step_timer.COLLECTIVES):
-            if _collective.is_world(group):
-                shape = tuple(tensor.shape) if hasattr(tensor, "shape") else None
-                identity = ("all_gather", shape, str(getattr(tensor, "dtype", None)))
-                self._hang_guard.check_call("strategy.all_gather()", identity, debug_only=True)
-            return super().all_gather(tensor, group=group, sync_grads=sync_grads)
-
     def on_run_failure(self, error: BaseException) -> None:
         """The ``Trainer._run`` seam: a fit/validate/test raised on this rank (see :class:`HangGuard.on_failure`)."""
         self._stop_coalescing()  # the values still held die with the run: Lightning's on_exception hooks follow
@@ -376,21 +354,12 @@ class PolicyStrategyMixin(_Strategy):
         """Set-up's one exchange (see :func:`~lightning_ext.strategies._set_up.agree`); returns the store namespace,
         every rank's introduction to the stall monitor and its route to ``MASTER_ADDR``."""
         guard = self._hang_guard
-        options = (
-            self._checkpoint_policy.describe(),
-            self._early_stopping_policy.describe(),
-            repr(self._per_rank_metrics),
-            repr((guard.mode, guard.uneven_batches, guard.check_unsized_loaders, guard.channel_timeout)),
-            repr(self._decision_record),
-            repr(guard.preemption_policy),
-            repr(guard.stall_options),
-            repr(self._log_sync),
-        )
         policies = (self._checkpoint_policy, self._early_stopping_policy, guard.preemption_policy)
         invalid = invalid_policies(*policies, world_size=self.world_size)
         trainer, ranks = self._trainer(), RankGroup.from_strategy(self)
+        options = self._options.described()
         agreed = agree(trainer, ranks, options, invalid, self._per_rank_metrics is not None, self._decision_record)
-        self._run_log_dir = agreed.log_dir
+        self._run_log_dir, self._main_runs = agreed.log_dir, agreed.runs  # main runs: MLflow's, W&B's (rank 0's)
         if ranks.rank == 0 and agreed.record_dir is not None:  # the run's id: its namespace's
             self.decision_file = DecisionFile(agreed.record_dir, agreed.namespace.split("/")[1][:12])
         return agreed.namespace, agreed.peers, agreed.routes

@@ -114,14 +114,16 @@ def check_outcome(script: dict[str, Any], world: int, checked: list[dict[str, An
 
 
 def ranks_named(ranks: list[int]) -> str:
-    """How the messages name a few ranks: ``rank 2``, ``ranks 0-1, 3`` (runs of consecutive ranks as ranges)."""
+    """How the messages name a few ranks: ``rank 2``, ``ranks 0, 1 and 3``, ``ranks 0-2 and 5`` (three or more
+    consecutive ranks as a range; "and" before the last)."""
     runs: list[list[int]] = []
     for rank in sorted(ranks):
         if runs and rank == runs[-1][-1] + 1:
             runs[-1].append(rank)
         else:
             runs.append([rank])
-    text = ", ".join(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}" for run in runs)
+    parts = [part for run in runs for part in ([f"{run[0]}-{run[-1]}"] if len(run) > 2 else map(str, run))]
+    text = parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
     return ("rank " if len(ranks) == 1 else "ranks ") + text
 
 
@@ -129,10 +131,10 @@ def ranks_in_lines(message: str) -> dict[int, str]:
     """Each rank's detail line (``  ranks 0-1, 3: <text>``), read back: rank -> text."""
     named = {}
     for line in message.splitlines()[1:]:
-        found = re.match(r"  ranks? ([0-9, -]+): (.*)$", line)
+        found = re.match(r"  ranks? ([0-9, -]+(?: and [0-9-]+)?): (.*)$", line)
         if found is None:
             continue
-        for part in found[1].split(", "):
+        for part in found[1].replace(" and ", ", ").split(", "):
             low, _, high = part.partition("-")
             for rank in range(int(low), int(high or low) + 1):
                 named[rank] = found[2]
@@ -229,7 +231,7 @@ def test_a_synced_value_of_another_dtype_on_one_rank_is_an_error_naming_it(
         f"The synced values of 'x' in training_step (hang_tasks.py:{line}) differ in dtype or device by rank."
         " Fix: the same dtype and device on every rank."
     )
-    others = "rank 0" if world == 2 else "ranks 0, 2-3"
+    others = {2: "rank 0", 3: "ranks 0 and 2"}.get(world, "ranks 0, 2 and 3")
     assert sorted(details) == sorted(["  rank 1: values 1 float64 (mean)", f"  {others}: values 1 float32 (mean)"])
 
 

@@ -22,11 +22,15 @@ from typing import Any
 
 import pytest
 
+from lightning_ext.demo.pitfalls import run_pitfall
 from tests.helpers.jobs import REPO, Job, StaggeredJobs, clean_env, two_node_torchrun
 
 SCRIPT = REPO / "tests" / "helpers" / "scripts" / "hang_scenarios.py"
-LIMIT = 30.0  # seconds from the first rank reaching the divergence to the last rank's error
-RUN_TIMEOUT = 150.0  # a job of ours that runs longer than this has hung
+# Seconds from the first rank reaching the divergence to the last rank's error: so generous that only a hang breaks
+# it. A check ends these scenarios in a few seconds on a quiet machine (its first look is after 2 s); a hang lasts until
+# the process group's timeout (30 minutes here), and a loaded machine has been seen to take a minute.
+LIMIT = 300.0
+RUN_TIMEOUT = 600.0  # a job of ours that runs longer than this has hung (start-up and training included, under load)
 STOCK_CUTOFF = 25.0  # seconds a stock job must still be hanging after reaching the divergence
 
 
@@ -47,14 +51,14 @@ EXPECTED: dict[str, tuple[str, str, tuple[str, ...], tuple[str, ...], int]] = {
     "uneven_train": (
         "ours",
         "UnevenBatchesError",
-        ("Uneven data in training epoch 0: the train dataloader has 4 batches on rank 0, 6 on rank 1", "truncate"),
+        ("Uneven data in training epoch 0: the train dataloader has 4 batches on rank 0 but 6 on rank 1", "truncate"),
         ("  rank 0: train dataloader: 4 batches", "  rank 1: train dataloader: 6 batches"),
         0,
     ),
     "uneven_val": (
         "ours",
         "UnevenBatchesError",
-        ("the val dataloader 0 has 2 batches on rank 0, 4 on rank 1",),
+        ("the val dataloader 0 has 2 batches on rank 0 but 4 on rank 1",),
         ("  rank 0: val dataloader 0: 2 batches",),
         0,
     ),
@@ -391,3 +395,19 @@ def test_stock_ddp_hangs_or_ends_without_naming_the_culprit(stock_jobs: Staggere
 
 
 _OUR_ERRORS = {"UnevenBatchesError", "DivergentLoggingError", "DivergentCollectiveError", "RankFailedError"}
+
+
+# ---- a list of ranks followed by a count reads one way only --------------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize(("world", "others"), [(3, "ranks 0 and 2"), (8, "ranks 0 and 2-7")])
+def test_the_uneven_batches_first_line_reads_one_way_at_3_and_8_ranks(tmp_path: Path, world: int, others: str) -> None:
+    """The demo's pitfall at 3 and 8 ranks, launched: rank 1 reads 6 batches, every other rank 4. The ranks with 4 end
+    with "and" before the count of rank 1, so "ranks 0, 2, 6 on rank 1" (ranks 0, 2 and 6?) cannot be written."""
+    outcomes = run_pitfall("uneven_batches", world, str(tmp_path), timeout=500)
+    first = {outcome["message"].splitlines()[0] for outcome in outcomes}
+    assert {outcome["error"] for outcome in outcomes} == {"UnevenBatchesError"}, outcomes
+    assert first == {
+        f"Uneven data in training epoch 0: the train dataloader has 4 batches on {others} but 6 on rank 1."
+        " Fix: as many batches on every rank, or uneven_batches='truncate'."
+    }

@@ -18,9 +18,10 @@ from hypothesis import strategies as st
 from lightning_ext import errors
 from lightning_ext._checks.messages import describe_deadlock, describe_divergence
 from lightning_ext._checks.points import Point
-from lightning_ext._watch.facts import Call, Facts
+from lightning_ext._rank_lists import ranks_text
 from lightning_ext._watch.progress import Progress
-from lightning_ext._watch.rank_text import grouped_lines, ranks_text
+from lightning_ext._watch.rank_facts import Call, Facts
+from lightning_ext._watch.rank_text import grouped_lines
 
 LIMIT = 200  # characters of a first line, at any world size
 SCRIPT = "/home/user/project/train.py"
@@ -64,8 +65,9 @@ def lines(error: BaseException) -> list[str]:
     [
         ([0], "rank 0"),
         (range(1, 8), "ranks 1-7"),
-        ([0, 2], "ranks 0, 2"),
-        ([0, 1, 2, 5, 9, 10], "ranks 0-2, 5, 9-10"),
+        ([0, 2], "ranks 0 and 2"),
+        ([0, 1, 2, 5, 9, 10], "ranks 0-2, 5, 9 and 10"),
+        ([0, 1, 5], "ranks 0, 1 and 5"),
         (range(1, 1024), "ranks 1-1023"),
         (range(1, 1024, 2), "ranks 1, 3, 5, 7 and 508 more"),
     ],
@@ -74,11 +76,27 @@ def test_ranks_are_named_as_ranges_and_counts(ranks: list[int], text: str) -> No
     assert ranks_text(ranks) == text
 
 
+@given(st.sets(st.integers(0, 300), min_size=1), st.integers(0, 300))
+def test_a_list_of_ranks_reads_one_way_only_when_a_count_follows(ranks: set[int], count: int) -> None:
+    """Read back by the grammar people read it with (items split at ", " and at the one " and " before the last), a
+    list of ranks followed by another count gives exactly the ranks: the count is never read as one more rank."""
+    sentence = f"{count + 1} batches on {ranks_text(ranks, None)} but {count} on rank {count}"
+    listed = sentence.split(" on ", 1)[1].split(" but ", 1)[0].removeprefix("ranks ").removeprefix("rank ")
+    *items, last = listed.split(" and ") if " and " in listed else ["", listed]
+    read: set[int] = set()
+    for item in [*(items[0].split(", ") if items and items[0] else []), last]:
+        first, _, end = item.partition("-")
+        read |= set(range(int(first), int(end or first) + 1))
+    assert read == ranks, sentence
+
+
 def test_detail_lines_group_ranks_doing_the_same_thing_and_stop_at_eight_groups() -> None:
     items = [(rank, "went on" if rank % 100 else f"at key {rank}") for rank in range(1024)]
     grouped = grouped_lines(items)
     assert grouped[:2] == ["  rank 0: at key 0", "  ranks 1-99, 101-199, 201-299, 301-399 and 617 more: went on"]
-    assert len(grouped) == 9 and grouped[-1] == "  and 4 more rank(s) (ranks 700, 800, 900, 1000), elsewhere in 4 ways"
+    assert (
+        len(grouped) == 9 and grouped[-1] == "  and 4 more rank(s) (ranks 700, 800, 900 and 1000), elsewhere in 4 ways"
+    )
 
 
 # ---- the founding pitfall: a synced self.log under `if trainer.is_global_zero:` ---------------------------------
@@ -89,7 +107,7 @@ def test_the_seed_case_names_the_log_its_hook_and_line_and_the_ranks_at_any_worl
     points = [epoch_round(0, [entry("val_acc")]), *(barrier(rank) for rank in range(1, world))]
     error = describe_divergence(points)
     assert isinstance(error, errors.DivergentLoggingError)
-    others = "rank 1" if world == 2 else f"ranks 1-{world - 1}"
+    others = {2: "rank 1", 3: "ranks 1 and 2"}.get(world, f"ranks 1-{world - 1}")
     assert lines(error)[0] == (
         "self.log('val_acc', sync_dist=True) in on_validation_epoch_end (sanity check, train.py:18) synced on rank 0"
         f" only; {others} went on. Fix: log it on every rank, or with rank_zero_only=True."
@@ -204,7 +222,7 @@ def test_a_log_in_training_step_on_rank_zero_at_1024_ranks() -> None:
         "self.log('val_acc', sync_dist=True) in training_step (train.py:30) synced on rank 0 only; ranks 1-1023 went"
         " on. Fix: log it on every rank, or with rank_zero_only=True."
     )
-    assert lines(error)[2] == "  ranks 1-1023: in its synced backward pass #5 (DDP all-reduces the gradients in it)"
+    assert lines(error)[2] == "  ranks 1-1023: in DDP's gradient all-reduce (synced backward pass #5)"
 
 
 # ---- uneven data -----------------------------------------------------------------------------------------------------
@@ -221,8 +239,8 @@ def test_sized_loaders_with_1024_different_counts_stay_short() -> None:
     error = describe_divergence(points)
     assert isinstance(error, errors.UnevenBatchesError)
     assert lines(error)[0] == (
-        "Uneven data in training epoch 0: the train dataloader has 10 batches on rank 0, 11 on rank 1, other counts on"
-        " 1022 more ranks. Fix: as many batches on every rank, or uneven_batches='truncate'."
+        "Uneven data in training epoch 0: the train dataloader has 10 batches on rank 0 but 11 on rank 1, and other"
+        " counts on 1022 more ranks. Fix: as many batches on every rank, or uneven_batches='truncate'."
     )
     assert len(lines(error)) == 1 + 9 + 1
 

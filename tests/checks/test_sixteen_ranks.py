@@ -3,7 +3,7 @@
 The founding pitfall (``if self.trainer.is_global_zero: self.log(..., sync_dist=True)``), an ``all_gather`` under a
 rank guard and a stream that runs out first on rank 15 each end with the named error, the same first line on all 16
 ranks; a correct program whose rank 15 is slower than every threshold completes on all 16. Marker ``scale``: four
-launches of 16 processes take minutes on two cores (``pytest -m scale`` runs them; CI runs them apart).
+launches of 16 processes take minutes on two cores (``make test-scale`` runs them; neither ``make test`` nor CI does).
 """
 
 from __future__ import annotations

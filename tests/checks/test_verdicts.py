@@ -15,10 +15,10 @@ from hypothesis import strategies as st
 from lightning_ext import errors
 from lightning_ext._checks.messages import describe_deadlock, describe_divergence
 from lightning_ext._checks.points import Point
-from lightning_ext._checks.verdict import blocked_by, deadlock
+from lightning_ext._checks.verdict import blocked_by, deadlock, diagnosed
 from lightning_ext._exchange_rounds import exchange_partners
-from lightning_ext._watch.facts import Call, Facts
 from lightning_ext._watch.progress import Progress
+from lightning_ext._watch.rank_facts import Call, Facts
 from tests.helpers.rounds import play_rounds
 
 CALL = "self.log('x', sync_dist=True)"
@@ -102,7 +102,7 @@ def test_a_stream_one_batch_short_names_the_short_rank_not_the_one_behind_in_tim
     error = describe_divergence(points)
     assert isinstance(error, errors.UnevenBatchesError)
     assert first_line(error).startswith(
-        "Uneven data in epoch 0: the train dataloader ran out after 4 batch(es) on rank 3 but after 5 on ranks 0, 2."
+        "Uneven data in epoch 0: the train dataloader ran out after 4 batch(es) on rank 3 but after 5 on ranks 0 and 2."
     )
 
 
@@ -226,6 +226,20 @@ def test_a_rank_that_passed_the_check_proves_it_is_completing() -> None:
     # a rank waiting in the same check is not missing, and a rank computing is not blocked
     assert deadlock(5, [waiting_rank, Facts(1, check=(5, LOG.where), checks=4)]) is None
     assert deadlock(5, [waiting_rank, Facts(1, checks=4, counts={"world": 16})]) is None
+
+
+def test_the_diagnosis_judges_the_check_its_own_rank_waits_in_once_every_other_rank_answered() -> None:
+    """Rank 0 waits in check 5 (its 5th); rank 1 passed check 4 and is in a synced backward pass rank 0 has not made."""
+    mine = Facts(0, check=(5, LOG.where), checks=4, counts={"world": 16}, backwards=3)
+    blocked = Facts(1, checks=4, counts={"world": 16}, backward=4, backwards=3)
+    assert diagnosed(mine, {1: blocked}, world_size=2) == ([mine], [blocked])
+    # rank 1 has passed check 5: it is completing, whatever else its facts say
+    assert diagnosed(mine, {1: dataclasses.replace(blocked, checks=5)}, world_size=2) is None
+    # a third rank did not answer: it proves nothing (its process may be gone), and neither do the others
+    assert diagnosed(mine, {1: blocked}, world_size=3) is None
+    assert diagnosed(mine, {1: blocked, 2: dataclasses.replace(blocked, rank=2)}, world_size=3) is not None
+    # a rank that waits in no check (its check completed meanwhile) diagnoses nothing
+    assert diagnosed(dataclasses.replace(mine, check=None), {1: blocked}, world_size=2) is None
 
 
 class _LateWork:

@@ -49,7 +49,12 @@ def test_text_summary_at_scale(log_dir, capsys):
     out, err = capsys.readouterr()
     lines = out.splitlines()
     assert err == "" and lines[0] == f"{log_dir}: {RANKS} rank(s), {RANKS * STEPS} row(s), 2 metric(s)"
-    assert lines[1].startswith("each rank's last value; robust z = 0.6745 (value - median) / MAD")
+    stated = (  # what the robust z is, as computed below and in docs/per-rank-metrics.md's prose
+        "each rank's last value; robust z = 0.6745 (value - median) / MAD, MAD the median of |value - median|; when MAD"
+        " is 0, 0.7979 (value - median) / mean(|value - median|); * marks |z| > 3.5"
+    )
+    assert lines[1] == stated
+    assert stated in (Path(__file__).parents[2] / "docs" / "per-rank-metrics.md").read_text()  # shown as printed
     assert lines[2].split() == ["metric", "ranks", "min", "median", "max", "spread", "MAD", "z", "scale"]
     values = last_losses()
     median = np.median(values)
@@ -123,7 +128,7 @@ def test_bad_files_are_skipped_and_listed_with_why(log_dir, capsys):
     out, err = capsys.readouterr()
     lines = out.splitlines()
     # 16 ranks with rows: 20, less rank 4 (no file), 5 (no rows), 7 and 8 (skipped); 15 x 6 rows and rank 6's 2
-    assert lines[0] == f"{log_dir}: 16 rank(s), 92 row(s), 2 metric(s), skipped: rank 7-8"
+    assert lines[0] == f"{log_dir}: 16 rank(s), 92 row(s), 2 metric(s), skipped: ranks 7 and 8"
     assert f"skipped: rank 7 ({bad}, line 1: the header has no 'step' column); rank 8 ({short}, line 3:" in out
     assert "missing: rank 4 (no file)" in lines
     assert "without rows: rank 5 (empty file)" in lines
@@ -138,7 +143,7 @@ def test_files_of_another_run_are_refused_with_their_names(log_dir, capsys):
     out, err = capsys.readouterr()
     assert out == "" and err.count("\n") == 1
     assert err.startswith(f"lightning-ext ranks: error: {log_dir} holds files of more than one run: ")
-    assert f"ranks 0 have earlier runs' files up to .1 ({log_dir / 'rank_0' / 'metrics.csv.1'})" in err
+    assert f"rank 0 has earlier runs' files up to .1 ({log_dir / 'rank_0' / 'metrics.csv.1'})" in err
     assert f"ranks 1-19 have none, so their files may be an earlier run's ({log_dir / 'rank_1' / 'metrics.csv'}" in err
     assert main(["ranks", str(log_dir), "--allow-mixed"]) == 0
     assert "earlier runs' files (ignored): rank 0 (" in capsys.readouterr().out

@@ -10,6 +10,7 @@ from lightning_ext.policies import (
     AggregatePolicy,
     AllRanks,
     AnyRank,
+    DecisionPolicy,
     Majority,
     Quorum,
     RankZero,
@@ -132,3 +133,19 @@ def test_user_vote_policy_resolves_decides_and_describes_itself() -> None:
     assert policy.kind == "vote"
     assert policy.decide(VoteTally(2, 4, False)) is True
     assert "AtLeastHalf()" in policy.describe()
+
+
+def test_a_policy_says_its_kind_and_a_policy_without_one_cannot_be_made() -> None:
+    """The strategies read ``kind`` to know whether the ranks vote or reduce the value first."""
+    assert AggregatePolicy("mean").kind == "aggregate"
+    assert resolve_policy("majority").kind == "vote"
+
+    class Kindless(DecisionPolicy):
+        pass
+
+    class Undecided(VotePolicy):  # a vote policy of a user's that forgot its rule
+        pass
+
+    for incomplete in (Kindless, Undecided):
+        with pytest.raises(TypeError, match="abstract"):
+            incomplete()

@@ -140,11 +140,14 @@ def test_vote_checkpoint_reasons(
 
 
 def test_many_ranks_are_named_three_at_a_time() -> None:
-    ranks = [vote(1.0, True, 2.0)] + [vote(3.0, False, 2.0)] * 7
+    ranks = [vote(1.0, True, 2.0) if rank % 2 == 0 else vote(3.0, False, 2.0) for rank in range(14)]
     reason = topk_reason(AllRanks(), ranks, TOP1, saved_as=None, score=1.0, wanted=False)
     assert reason == (
-        "not saved: ranks 1, 2, 3 and 4 more voted no (3.0 is not better than its best 2.0); 'all' needs every rank"
+        "not saved: ranks 1, 3, 5 and 4 more voted no (3.0 is not better than its best 2.0); 'all' needs every rank"
     )
+    together = [vote(1.0, True, 2.0)] + [vote(3.0, False, 2.0)] * 7  # consecutive ranks as one range
+    reason = topk_reason(AllRanks(), together, TOP1, saved_as=None, score=1.0, wanted=False)
+    assert reason.startswith("not saved: ranks 1-7 voted no (3.0 is not better than its best 2.0);"), reason
     different = [vote(1.0, False, 0.5), vote(2.0, False, 0.5), vote(3.0, False, 0.5), vote(4.0, False, 0.5)]
     reason = topk_reason(AllRanks(), different, TOP1, saved_as=None, score=1.0, wanted=False)
     assert [f"rank {rank}:" in reason for rank in range(4)] == [True, True, True, False]  # at most three reasons

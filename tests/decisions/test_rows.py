@@ -106,3 +106,10 @@ def test_observation_or_rows_of_the_wrong_length_are_a_clear_error() -> None:
         pack(RowLayout("vote", 2, extras=1), Observation(1.0), rank=0)
     with pytest.raises(ValueError, match="2 rows of 4 elements"):
         agree_rows(RowLayout("vote", 2), [[0, 0, 0, 0]])
+
+
+def test_the_rank_is_named_when_a_row_is_packed() -> None:
+    """``pack(layout, observation, 0)`` would read as any count: the rank, which decides whose extras ride, is named."""
+    layout = RowLayout("mean", world_size=2)
+    with pytest.raises(TypeError):
+        pack(layout, Observation(1.0), 0)  # type: ignore[misc]

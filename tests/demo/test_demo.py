@@ -10,14 +10,16 @@ from pathlib import Path
 import pytest
 
 pytestmark = pytest.mark.slow
+DEMO_TIMEOUT = 900.0  # seconds: about 25 s on a quiet machine; only a hang, not a loaded machine, ends it
 
 
+@pytest.mark.timeout(DEMO_TIMEOUT + 300)
 def test_demo_runs_every_policy_and_prints_the_table(tmp_path: Path) -> None:
     process = subprocess.run(
         [sys.executable, "-m", "lightning_ext.demo", "--devices", "2", "--epochs", "4", "--root", str(tmp_path)],
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=DEMO_TIMEOUT,
         cwd=tmp_path,
         env={**os.environ, "PYTHONWARNINGS": "ignore"},
     )
@@ -50,7 +52,9 @@ def test_demo_runs_every_policy_and_prints_the_table(tmp_path: Path) -> None:
     named = [line for line in verdict.splitlines() if line.startswith("  rank ")]
     assert len(named) == 1 and named[0].startswith("  rank 1 held the others back in "), verdict
     assert "(chronic): data loading took it " in named[0], verdict
-    assert 20 < float(named[0].split("data loading took it ")[1].split()[0]) < 60, verdict  # ms
+    # about the 30 ms per batch the demo's loader sleeps: at least half of it (load only adds to a sleep)
+    assert float(named[0].split("data loading took it ")[1].split()[0]) >= 15, verdict  # ms
+    assert "  checked: the verdict names rank 1 and its data loading, the rank and phase slowed, alone" in verdict
     # the decision record of the 'majority' run: one line per checkpoint decision, with its reason
     record = out.split("why the 'majority' run saved a checkpoint, or not")[1].split("\n\n")[0].splitlines()[2:]
     assert len(record) == 4 and all("'majority' needs 2 of 2" in line for line in record), record
@@ -62,4 +66,4 @@ def test_demo_runs_every_policy_and_prints_the_table(tmp_path: Path) -> None:
     for error in ("UnevenBatchesError", "DivergentLoggingError"):
         assert [f"rank {rank}: {error}" in pitfalls for rank in range(2)] == [True, True], pitfalls
     assert pitfalls.count("the same on every rank") == 2, pitfalls
-    assert "has 4 batches on rank 0, 6 on rank 1" in pitfalls and "pitfall_model.py:" in pitfalls, pitfalls
+    assert "has 4 batches on rank 0 but 6 on rank 1" in pitfalls and "pitfall_model.py:" in pitfalls, pitfalls

@@ -3,9 +3,10 @@ sync's tests: what every rank and every file shows must be stock's.
 
 A *program* says, per hook, which keys are logged and how (reduce op, ``on_step``/``on_epoch``, dtype, progress bar),
 with every rank's value and batch size at each (epoch, batch). The hooks: the module's ``training_step`` and
-``on_train_batch_end``, a callback's ``on_train_batch_end``, and ``validation_step``. A second callback, first in the
-list, reads ``trainer.callback_metrics`` in ``on_train_batch_end`` (after the module logged in ``training_step``) and
-the test compares what it read, too.
+``on_train_batch_end``, a callback's ``on_train_batch_end``, and ``validation_step``. Two more callbacks read
+``trainer.callback_metrics`` in ``on_train_batch_end``, one before the logging callback in the list (it sees what the
+module logged in ``training_step``) and one after it (it also sees what the logging callback logged in that same
+hook); the test compares what each read, too.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import csv
 import math
 import os
+import warnings
 from typing import Any
 
 import lightning as L
@@ -74,7 +76,7 @@ class LoggingCallback(L.Callback):
 
 
 class ReadingCallback(L.Callback):
-    """Reads every ``callback_metrics`` value in ``on_train_batch_end``, before any other hook of that batch logs."""
+    """Reads every ``callback_metrics`` value in ``on_train_batch_end`` (before or after the logging callback)."""
 
     def __init__(self) -> None:
         self.reads: list[dict[str, float]] = []
@@ -93,7 +95,7 @@ def fit(root: str, program: dict[str, Any], stock: bool, strategy_options: dict[
 
     world = dist.get_world_size()
     strategy: Any = "ddp" if stock else PolicyDDPStrategy(**(strategy_options or {}))
-    reading, module = ReadingCallback(), ProgramModule(program)
+    reading, reading_after, module = ReadingCallback(), ReadingCallback(), ProgramModule(program)
     trainer = L.Trainer(
         accelerator="cpu",
         devices=world,
@@ -101,7 +103,7 @@ def fit(root: str, program: dict[str, Any], stock: bool, strategy_options: dict[
         max_epochs=program["epochs"],
         logger=CSVLogger(root, version=0),
         log_every_n_steps=1,
-        callbacks=[reading, LoggingCallback(program)],
+        callbacks=[reading, LoggingCallback(program), reading_after],
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,
@@ -111,7 +113,9 @@ def fit(root: str, program: dict[str, Any], stock: bool, strategy_options: dict[
     batches = program["batches"]
     train = DataLoader(TensorDataset(torch.zeros(batches, 2)), batch_size=1)
     val = DataLoader(TensorDataset(torch.zeros(batches, 2)), batch_size=1) if program["validation_step"] else None
-    trainer.fit(module, train, val)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.fit(module, train, val)
     rows: list[dict[str, str]] = []
     if trainer.is_global_zero:
         with open(os.path.join(root, "lightning_logs", "version_0", "metrics.csv"), newline="") as file:
@@ -121,7 +125,13 @@ def fit(root: str, program: dict[str, Any], stock: bool, strategy_options: dict[
         "logged_metrics": {name: _number(value) for name, value in trainer.logged_metrics.items()},
         "progress_bar_metrics": {name: float(value) for name, value in trainer.progress_bar_metrics.items()},
         "callback_reads": reading.reads,
+        "callback_reads_after": reading_after.reads,
         "read_inside": module.read_inside,
+        "unsynced_reads": [  # lightning-ext's warnings about reads inside the logging hook: first line, file, line
+            (str(warning.message).splitlines()[0], warning.filename, warning.lineno)
+            for warning in caught
+            if type(warning.message).__name__ == "UnsyncedReadWarning"
+        ],
         "csv": rows,
     }
 

@@ -76,7 +76,17 @@ class _LocalStrategy(stand_ins.StandInStrategy):
 def missing_message(present: list[bool]) -> str:
     missing = [rank for rank, has in enumerate(present) if not has]
     having = [rank for rank, has in enumerate(present) if has]
-    return f"is missing on rank(s) {missing} but logged on rank(s) {having}"
+    return f"is missing on {_ranks(missing)} but logged on {_ranks(having)}"
+
+
+def _ranks(ranks: list[int]) -> str:
+    """How the messages name a few ranks (docs/architecture.md), written out here for worlds of at most 4: ``rank 0``,
+    ``ranks 0 and 1``, ``ranks 0-2`` (three or more in a row), ``ranks 0, 2 and 3``."""
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    if len(ranks) >= 3 and ranks == list(range(ranks[0], ranks[-1] + 1)):
+        return f"ranks {ranks[0]}-{ranks[-1]}"
+    return "ranks " + ", ".join(map(str, ranks[:-1])) + f" and {ranks[-1]}"
 
 
 def top_k_sequence(

@@ -54,8 +54,13 @@ def server_ports(count: int) -> list[int]:
         low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     except (OSError, ValueError, IndexError):
         low = 32768
+    # under pytest-xdist, each worker draws from a slice of its own: jobs of two workers never pick the same port
+    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:] or 0)
+    workers = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+    start = max(1024, low - 10000)
+    size = (low - start) // workers
     ports: list[int] = []
-    for port in random.sample(range(max(1024, low - 10000), low), min(10000, low - 1024)):
+    for port in random.sample(range(start + worker * size, start + (worker + 1) * size), size):
         with socket.socket() as sock:
             try:
                 sock.bind(("127.0.0.1", port))

@@ -28,6 +28,7 @@ TRAIN_BATCHES = 5
 VAL_BATCHES = 2
 EPOCHS = 2
 PHASES = ("training_step", "on_train_batch_end", "validation_step")
+SLOW_VALIDATION = 1.0  # seconds each batch of a signalled validation takes (a stop within it has that long to come)
 
 
 def mark(rank: int, step: int) -> float:
@@ -74,6 +75,8 @@ class Model(L.LightningModule):
         self.fail = fail  # (rank, batch): that rank raises ValueError in that training batch
         self.sent = False
         self.last_loss = 0.0
+        self.val_batches = 0  # the current (or last) validation's completed batches
+        self.validation_ended = False  # whether it ran to its end
 
     def _maybe_signal(self, phase: str) -> None:
         wanted = self.signals.get(self.global_rank)
@@ -98,10 +101,22 @@ class Model(L.LightningModule):
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         self._maybe_signal("on_train_batch_end")
 
+    def on_validation_start(self) -> None:
+        self.val_batches, self.validation_ended = 0, False
+
+    def on_validation_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        self.val_batches += 1
+
+    def on_validation_end(self) -> None:
+        self.validation_ended = True
+
     def validation_step(self, batch: Any, batch_idx: int) -> None:
         self.log("val", self.layer(batch[0]).mean(), sync_dist=True)
         if batch_idx == 0:
             self._maybe_signal("validation_step")
+        batch_before = self.trainer.fit_loop.epoch_loop.batch_progress.total.ready - 1
+        if (batch_before, "validation_step") in self.signals.values():  # on every rank: the stop comes within a batch
+            time.sleep(SLOW_VALIDATION)
 
     def configure_model(self) -> None:
         if isinstance(self.trainer.strategy, ModelParallelStrategy) and not hasattr(self.layer.weight, "full_tensor"):
@@ -221,6 +236,8 @@ def ours(
         global_step=trainer.global_step,
         batches=loop.batch_progress.total.completed,
         received_sigterm=trainer.received_sigterm,
+        val_batches=model.val_batches,
+        validation_ended=model.validation_ended,
     )
     return outcome
 

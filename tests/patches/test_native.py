@@ -31,6 +31,7 @@ PATCHED_FILES = [
     "pytorch/loops/evaluation_loop.py",
     "pytorch/loops/fetchers.py",
     "pytorch/loops/fit_loop.py",
+    "pytorch/loops/prediction_loop.py",
     "pytorch/strategies/parallel.py",
     "pytorch/trainer/call.py",
     "pytorch/trainer/connectors/logger_connector/logger_connector.py",
@@ -83,6 +84,7 @@ def _normalise(outcomes: dict[str, Any], work: Path) -> dict[str, Any]:
     return json.loads(text.replace(str(work), "<work>"))
 
 
+@pytest.mark.ci  # minutes: whole suites and jobs again on the patched copy (make test skips it; CI runs it)
 def test_native_seams_give_the_same_results_as_the_runtime_drop_in(patched_site: Path, tmp_path: Path) -> None:
     runtime = _outcomes(tmp_path / "runtime", None)
     native = _outcomes(tmp_path / "native", _native_env(patched_site))
@@ -95,6 +97,8 @@ def test_native_seams_give_the_same_results_as_the_runtime_drop_in(patched_site:
     assert same_native == same_runtime  # and every policy and per-rank outcome is identical
 
 
+@pytest.mark.ci  # minutes: whole suites and jobs again on the patched copy (make test skips it; CI runs it)
+@pytest.mark.timeout(900)  # the suites' own run is bounded at 900 s below
 def test_policy_per_rank_and_hang_suites_pass_against_the_patched_copy(patched_site: Path) -> None:
     suites = [
         "tests/decisions/test_trainer_policies.py",
@@ -108,6 +112,14 @@ def test_policy_per_rank_and_hang_suites_pass_against_the_patched_copy(patched_s
         "tests/decisions/test_record_runs.py",  # the decision record, made by the same seams
         "tests/setup/test_trainer_runs.py",  # the set-up checks' seam (0005), natively
         "tests/sync/test_collectives.py",  # the coalesced sync's seams where the hooks end (0006), natively
+        # 0007, natively: the sync after each callback, the reads of pending values, the evaluation batches' end (at
+        # 2 ranks: the main suite runs the other world sizes through the same seams)
+        "tests/sync/test_readers.py::test_every_reader_sees_stocks_value[logging_callback_first-2]",
+        "tests/sync/test_inside_the_hook.py",
+        "tests/preemption/test_evaluation_stop.py::"
+        "test_a_signal_in_an_evaluation_stops_every_rank_within_one_batch_and_resumes_to_the_reference[2]",
+        "tests/preemption/test_evaluation_stop.py::"
+        "test_a_signal_in_validate_test_or_predict_ends_every_rank_with_rank_signalled_error_within_one_batch[predict]",
     ]
     # not about the seams, and run in the main suite: stock Lightning's hang (the error half is the first test's
     # case), and the test pool's own deadline
@@ -188,6 +200,11 @@ SEAMS = [
     ("lightning.pytorch.loops.fetchers", "_PrefetchDataFetcher", "__next__"),
     ("lightning.pytorch.loops.fetchers", "_DataFetcher", "setup"),
     ("lightning.pytorch.trainer.trainer", "Trainer", "_run"),
+    ("lightning.pytorch.trainer.trainer", "Trainer", "callback_metrics"),
+    ("lightning.pytorch.trainer.trainer", "Trainer", "logged_metrics"),
+    ("lightning.pytorch.trainer.trainer", "Trainer", "progress_bar_metrics"),
+    ("lightning.pytorch.loops.evaluation_loop", "_EvaluationLoop", "_evaluation_step"),
+    ("lightning.pytorch.loops.prediction_loop", "_PredictionLoop", "_predict_step"),
 ]
 
 mode = runtime.patch_mode()
@@ -214,6 +231,7 @@ def _seams(site: Path, runtime_patching: str) -> dict[str, Any]:
     return dict(json.loads(line[len("SEAMS ") :]))
 
 
+@pytest.mark.ci  # minutes: whole suites and jobs again on the patched copy (make test skips it; CI runs it)
 def test_native_only_when_every_seam_is_a_series_without_the_hang_seams_is_completed_at_run_time(
     patched_site: Path, tmp_path: Path
 ) -> None:
@@ -237,11 +255,16 @@ def test_native_only_when_every_seam_is_a_series_without_the_hang_seams_is_compl
     assert completed["mode"] == "runtime" and completed["error"] is None
     assert completed["wrapped"] == [
         "Trainer._run",
+        "Trainer.callback_metrics",
+        "Trainer.logged_metrics",
+        "Trainer.progress_bar_metrics",
         "_DataFetcher.setup",
+        "_EvaluationLoop._evaluation_step",
         "_EvaluationLoop.max_batches",
         "_EvaluationLoop.setup_data",
         "_FitLoop.setup_data",
         "_LoggerConnector.on_batch_start",
+        "_PredictionLoop._predict_step",
         "_PrefetchDataFetcher.__next__",
         "_ResultCollection.metrics",
         "_ResultMetric.compute",
@@ -303,6 +326,7 @@ def test_without_a_target_the_tool_takes_both_installed_packages_and_writes_all_
     assert {p: p.read_bytes() for target in (clean, altered) for p in target.rglob("*.py")} == before  # neither
 
 
+@pytest.mark.ci  # minutes: whole suites and jobs again on the patched copy (make test skips it; CI runs it)
 def test_the_series_on_a_pytorch_lightning_copy_runs_a_users_job_natively(tmp_path: Path) -> None:
     site = tmp_path / "site"
     shutil.copytree(Path(pytorch_lightning.__file__).parent, site / "pytorch_lightning", ignore=_CACHES)

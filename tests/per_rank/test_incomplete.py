@@ -13,7 +13,7 @@ import lightning.pytorch  # noqa: F401  (first, as in a training script: it regi
 import pytest
 
 from lightning_ext import read_rank_metrics
-from lightning_ext._per_rank.logger import RankCSVLogger
+from lightning_ext._per_rank.logger import RankMetricsLogger
 from lightning_ext.cli import main
 from lightning_ext.rank_metrics import RankMetricsWarning, RankMetricsWriter, incomplete_ranks
 
@@ -74,7 +74,7 @@ def test_an_unreadable_marker_still_marks_the_file_incomplete_and_other_template
 
 
 def test_the_logger_warns_once_keeps_buffered_rows_and_marks_the_file(tmp_path):
-    logger = RankCSVLogger(str(tmp_path), 1)
+    logger = RankMetricsLogger(str(tmp_path), 1)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         logger.log_metrics({"loss": 1.0}, step=0)
@@ -91,13 +91,13 @@ def test_the_logger_warns_once_keeps_buffered_rows_and_marks_the_file(tmp_path):
     record = json.loads((tmp_path / "rank_1" / "metrics.csv.incomplete").read_text())
     assert record["rank"] == 1 and record["rows_written"] == 1 and record["last_step"] == 0
     assert record["reason"].startswith("TypeError: Metric 'bad' at step 1") and record["file"] == str(file)
-    assert RankCSVLogger(str(tmp_path), 1).stopped  # a later stage in this process stays stopped
+    assert RankMetricsLogger(str(tmp_path), 1).stopped  # a later stage in this process stays stopped
 
 
 def test_when_no_marker_can_be_written_the_warning_says_so(tmp_path):
     log_dir = tmp_path / "not_a_dir"
     log_dir.write_text("a file where the log directory should be")
-    logger = RankCSVLogger(str(log_dir), 0)
+    logger = RankMetricsLogger(str(log_dir), 0)
     with pytest.warns(RankMetricsWarning, match=r"could not be marked incomplete either \((FileExists|NotADirectory)"):
         logger.log_metrics({"loss": 1.0}, step=0)
 
@@ -110,7 +110,7 @@ def test_when_no_marker_can_be_written_the_warning_says_so(tmp_path):
 def test_a_marker_from_an_earlier_run_follows_its_file(tmp_path, resume, kept):
     two_ranks(tmp_path)
     beside = marker(tmp_path / "rank_1" / "metrics.csv.incomplete", rank=1, reason="r", rows_written=6, last_step=5)
-    logger = RankCSVLogger(str(tmp_path), 1)
+    logger = RankMetricsLogger(str(tmp_path), 1)
     logger.resume_from_step = resume
     logger.log_metrics({"loss": 9.0}, step=6)
     logger.close()
@@ -139,7 +139,7 @@ def test_a_capture_failure_never_reaches_the_step_and_is_reported_once(tmp_path,
     _local_values.record_update(_BrokenResultMetric(), value=None)  # inside Lightning's forward: must not raise
     assert not _local_values.capture_active()
     assert str(_local_values.capture_error()) == "metadata unavailable"
-    logger = RankCSVLogger(str(tmp_path), 1)
+    logger = RankMetricsLogger(str(tmp_path), 1)
     with pytest.warns(RankMetricsWarning, match=r"stopped: RuntimeError: metadata unavailable \(while capturing"):
         logger.expect(trainer=None, metrics={})
     with warnings.catch_warnings():

@@ -25,8 +25,9 @@ from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from tensorboard.compat.proto.event_pb2 import Event
 
 from lightning_ext import PerRankMetrics
-from lightning_ext._per_rank.logger import RankCSVLogger
-from lightning_ext._per_rank.tensorboard_files import RankEventFiles, event_files_for, events_up_to
+from lightning_ext._per_rank.logger import RankMetricsLogger
+from lightning_ext._per_rank.sinks import sinks_for
+from lightning_ext._per_rank.tensorboard_files import RankEventFiles, events_up_to
 from lightning_ext.rank_metrics import RankMetricsWarning
 from tests.helpers.logging_scenarios import BATCHES, EPOCHS, full_script
 from tests.helpers.metrics_reference import expected_cells, forked
@@ -139,7 +140,7 @@ def test_one_writer_per_rank_at_1024_ranks(tmp_path: Path) -> None:
     for rank in range(1024):
         events = RankEventFiles(str(tmp_path), rank)
         for step in range(3):
-            events.log_row({"loss": rank + step / 4}, step, None)
+            events.log_row({"loss": rank + step / 4}, step)
         events.close()
     assert threading.active_count() == threads  # each writer's thread ended with it
     assert sorted(path.name for path in tmp_path.iterdir()) == sorted(f"rank_{rank}" for rank in range(1024))
@@ -151,7 +152,7 @@ def test_one_writer_per_rank_at_1024_ranks(tmp_path: Path) -> None:
 
 def _rows(events: RankEventFiles, steps: range, offset: float) -> None:
     for step in steps:
-        events.log_row({"loss": step + offset, "epoch": step // 4}, step, None)
+        events.log_row({"loss": step + offset, "epoch": step // 4}, step)
 
 
 @pytest.mark.parametrize("where", ["local", "memory"])
@@ -161,7 +162,8 @@ def test_a_resume_drops_the_events_after_the_checkpoint_step(tmp_path: Path, whe
     _rows(first, range(10), 0.0)
     first.close()
     resumed = RankEventFiles(log_dir, 3)
-    resumed.log_row({"loss": 100.0 + 5, "epoch": 1}, 5, 4)  # resumed from the checkpoint at step 4
+    resumed.resume_from_step = 4  # resumed from the checkpoint at step 4
+    resumed.log_row({"loss": 100.0 + 5, "epoch": 1}, 5)
     _rows(resumed, range(6, 8), 100.0)
     resumed.close()
     directory = f"{log_dir}/rank_3"
@@ -203,7 +205,7 @@ def _thread_errors() -> Iterator[list[BaseException | None]]:
 
 def test_a_failing_event_file_warns_once_and_the_csv_file_goes_on(tmp_path: Path) -> None:
     events = RankEventFiles(str(tmp_path), 1, writer_options={"filename_suffix": "/not/a/file"})
-    logger = RankCSVLogger(str(tmp_path), 1, events=events)
+    logger = RankMetricsLogger(str(tmp_path), 1, sinks=[events])
     with warnings.catch_warnings(record=True) as caught, _thread_errors() as thread_errors:
         warnings.simplefilter("always")
         for step in range(3):
@@ -218,38 +220,67 @@ def test_a_failing_event_file_warns_once_and_the_csv_file_goes_on(tmp_path: Path
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         later = RankEventFiles(str(tmp_path), 1)  # a later stage in this process: stays stopped, quietly
-        later.log_row({"loss": 1.0}, 5, None)
+        later.log_row({"loss": 1.0}, 5)
     assert later.stopped and event_files(tmp_path / "rank_1") == []
 
 
-def test_when_the_csv_file_stops_the_event_files_stop_too(tmp_path: Path) -> None:
-    """Without the CSV file's local values the event files would get synced values: they stop with it."""
+def test_a_failing_csv_file_leaves_the_event_files_going(tmp_path: Path) -> None:
+    """Each sink steps aside alone: the CSV file's failure to write a row does not touch the events."""
     events = RankEventFiles(str(tmp_path), 2)
-    logger = RankCSVLogger(str(tmp_path), 2, events=events)
-    with pytest.warns(RankMetricsWarning, match="Per-rank metrics of rank 2 stopped"), _thread_errors() as errors:
-        logger.log_metrics({"loss": 1.0}, step=0)
-        logger.log_metrics({"bad": "not a number"}, step=1)  # type: ignore[dict-item]
+    logger = RankMetricsLogger(str(tmp_path), 2, PerRankMetrics(filename="csv_{rank}/metrics.csv"), sinks=[events])
+    (tmp_path / "csv_2").write_text("a file where the CSV file's directory should be")
+    with warnings.catch_warnings(record=True) as caught, _thread_errors() as errors:
+        warnings.simplefilter("always")
+        for step in range(3):
+            logger.log_metrics({"loss": float(step)}, step=step)
+        logger.close()
+    ours = [str(w.message) for w in caught if issubclass(w.category, RankMetricsWarning)]
+    assert len(ours) == 1 and ours[0].startswith("Per-rank metrics of rank 2 stopped: ")
+    assert logger.csv.stopped and not events.stopped and not logger.stopped and errors == []
+    assert read_scalars(tmp_path / "rank_2") == {"loss": [(0, 0.0), (1, 1.0), (2, 2.0)]}
+
+
+def test_when_the_local_values_fail_every_sink_stops_with_one_warning(tmp_path: Path) -> None:
+    """Without local values the sinks would get synced values: they all stop; the CSV file's warning says why."""
+    from lightning_ext._per_rank import local_values
+
+    events = RankEventFiles(str(tmp_path), 2)
+    logger = RankMetricsLogger(str(tmp_path), 2, sinks=[events])
+    logger.log_metrics({"loss": 1.0}, step=0)
+    with warnings.catch_warnings(record=True) as caught, _thread_errors() as errors:
+        warnings.simplefilter("always")
+        logger.log_metrics({"loss": 2.0}, step=None)  # a row without a step: the local values cannot be placed
         logger.log_metrics({"loss": 3.0}, step=2)
-    assert read_scalars(tmp_path / "rank_2") == {"loss": [(0, 1.0)]} and errors == []
+        logger.close()
+    ours = [str(w.message) for w in caught if issubclass(w.category, RankMetricsWarning)]
+    assert len(ours) == 1 and "(while reading the local values)" in ours[0], ours
+    assert events.stopped and logger.stopped and not local_values.capture_active() and errors == []
+    assert read_scalars(tmp_path / "rank_2") == {"loss": [(0, 1.0)]}
 
 
-def test_the_first_logger_decides_and_tags_are_the_loggers_own(tmp_path: Path) -> None:
+def test_every_tensorboard_logger_gets_event_files_in_its_own_log_dir_with_its_tags(tmp_path: Path) -> None:
     def trainer(*loggers: Any) -> Any:
         return SimpleNamespace(loggers=list(loggers))
 
     tensorboard = TensorBoardLogger(tmp_path, prefix="fold1")
-    csv = CSVLogger(tmp_path)
+    other = TensorBoardLogger(tmp_path / "other", name="second")
+    csv = CSVLogger(tmp_path / "csv")
     options = PerRankMetrics(telemetry=True)
-    assert event_files_for(trainer(csv, tensorboard), str(tmp_path), 0, options) is None
-    assert event_files_for(trainer(), str(tmp_path), 0, options) is None
-    assert event_files_for(trainer(tensorboard), str(tmp_path), 0, PerRankMetrics(tensorboard=False)) is None
-    events = event_files_for(trainer(tensorboard, csv), str(tmp_path), 0, options)
-    assert events is not None and events.directory == str(tmp_path / "rank_0")
-    events.log_row({"loss": 1.0, "telemetry/mine": 2.0}, 0, None)
-    events.log_telemetry({"telemetry/step_s": 0.5, "epoch": 0}, 0, None)
-    events.close()
+    assert sinks_for(trainer(), 0, options, None) == []
+    assert sinks_for(trainer(csv), 0, options, None) == []
+    assert sinks_for(trainer(tensorboard), 0, PerRankMetrics(tensorboard=False), None) == []
+    # whatever the logger's place: each TensorBoard logger's own log_dir, one writer per directory
+    found = sinks_for(trainer(csv, tensorboard, other, TensorBoardLogger(tmp_path, prefix="x")), 0, options, None)
+    assert [sink.directory for sink in found] == [  # type: ignore[attr-defined]
+        str(tmp_path / "lightning_logs" / "version_0" / "rank_0"),
+        str(tmp_path / "other" / "second" / "version_0" / "rank_0"),
+    ]
+    events = found[0]
+    events.log_row({"loss": 1.0, "telemetry/mine": 2.0}, 0)
+    events.log_telemetry({"telemetry/step_s": 0.5, "epoch": 0}, 0)
+    events.close(False)
     # the logger's prefix, as its log_metrics adds it; the user's telemetry/... escaped as in the CSV file
-    assert read_scalars(tmp_path / "rank_0") == {
+    assert read_scalars(tmp_path / "lightning_logs" / "version_0" / "rank_0") == {
         "fold1-loss": [(0, 1.0)],
         "fold1-metric:telemetry/mine": [(0, 2.0)],
         "fold1-telemetry/step_s": [(0, 0.5)],
@@ -261,7 +292,7 @@ def test_the_first_logger_decides_and_tags_are_the_loggers_own(tmp_path: Path) -
 def test_the_event_files_do_not_disturb_the_reader(tmp_path: Path) -> None:
     from lightning_ext import read_rank_metrics
 
-    logger = RankCSVLogger(str(tmp_path), 0, events=RankEventFiles(str(tmp_path), 0))
+    logger = RankMetricsLogger(str(tmp_path), 0, sinks=[RankEventFiles(str(tmp_path), 0)])
     logger.log_metrics({"loss": 1.0}, step=0)
     logger.close()
     assert len(event_files(tmp_path / "rank_0")) == 1

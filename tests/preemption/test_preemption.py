@@ -1,6 +1,7 @@
 """The coordinated stop on preemption, in real gloo groups of the rank pools: SIGTERM on some ranks at a random
-training batch and hook stops every rank before the same step, with a checkpoint that resumes to the uninterrupted
-stock run's weights and rows.
+training batch and hook stops every rank at the same point (before the same training step; in a validation, after the
+same validation batch, unless it runs inside a gradient accumulation window), with a checkpoint that resumes to the
+uninterrupted stock run's weights and rows.
 
 The reference is Lightning's stock ``DDPStrategy`` run without any signal (tests/helpers/preemption_tasks.py): its
 final weights, the steps where it validated (its own ``metrics.csv``), and each rank's local loss at each step
@@ -130,6 +131,11 @@ def test_a_signal_at_a_random_step_stops_every_rank_together_and_resumes_to_the_
     assert all(outcome["received_sigterm"] for outcome in stopped)
     assert batch < stop < BATCHES and _window_end(stop, accumulate), f"signal at batch {batch}, stop at {stop}"
     assert stop <= next(n for n in range(batch + LATENCY, BATCHES + LATENCY) if _window_end(n, accumulate))
+    if phase == "validation_step" and _window_end(batch + 1, accumulate):
+        # in the validation itself, within one batch (of SLOW_VALIDATION seconds) of the signalled one, its first
+        assert stop == batch + 1, f"signal in the validation after batch {batch}, stop before batch {stop}"
+        where = {(outcome["val_batches"], outcome["validation_ended"]) for outcome in stopped}
+        assert where <= {(1, False), (2, False)}, where
     name = "last.ckpt" if checkpoint == "save_last" else "last-preempted.ckpt"
     found = list(root.rglob(name))
     assert len(found) == 1, f"{name} not written: {sorted(root.rglob('*.ckpt'))}"
@@ -223,7 +229,10 @@ def test_ranks_configured_with_different_or_impossible_policies_raise_alike_at_s
     differing = pool.run(f"{TASKS}:ours", (*args, "any"), (*args, "all"), timeout=120)
     for outcome in differing:
         assert outcome["error"].startswith("PolicyMismatchError"), outcome
-        assert "preemption_policy=AnyRank()" in outcome["error"] and "preemption_policy=AllRanks()" in outcome["error"]
+        assert outcome["error"].splitlines()[0] == (
+            "PolicyMismatchError: The strategy's preemption_policy differs between ranks: AnyRank() on rank 0, but"
+            " AllRanks() on rank 1. Fix: pass the same options on every rank."
+        )
     impossible = pool.run(f"{TASKS}:ours", (*args, Quorum(3)), timeout=120)
     assert [outcome["error"] for outcome in impossible] == [impossible[0]["error"]] * 2
     assert "preemption_policy=Quorum(k=3): Quorum(k=3) can never be met" in impossible[0]["error"]
@@ -250,3 +259,21 @@ def test_the_stop_runs_the_users_earlier_handler_but_not_lightnings_broadcasting
     _other_handlers(lambda number, frame: seen.append(-number), signal.SIGTERM, None)  # not Lightning's compose
     _other_handlers(signal.SIG_DFL, signal.SIGTERM, None)  # the default action is not taken: the stop ends the run
     assert seen == [signal.SIGTERM, -signal.SIGTERM]
+
+
+def test_the_stop_skips_an_earlier_trainers_handlers_left_in_the_process_but_runs_the_users_inside_them() -> None:
+    """A trainer whose teardown an error cut short leaves its compose installed; the next trainer's compose holds it
+    (Lightning appends the handler it finds), and lightning-ext's note of that run holds it too. Its SIGTERM handler
+    would broadcast on the signalled rank alone (its None trainer makes it raise here instead)."""
+    from lightning.pytorch.trainer.connectors.signal_connector import _HandlersCompose, _SignalConnector
+
+    from lightning_ext._watch.facts import Recorder, _SignalNote
+
+    seen: list[int] = []
+    earlier, current = _SignalConnector(trainer=None), _SignalConnector(trainer=None)  # type: ignore[arg-type]
+    stale = _HandlersCompose([earlier._sigterm_notifier_fn, lambda number, frame: seen.append(number)])
+    _other_handlers(_HandlersCompose([current._sigterm_notifier_fn, stale]), signal.SIGTERM, None)
+    stale_note = _SignalNote(Recorder(0, 2, None), "SIGTERM", stale)  # an earlier run's note, never given back
+    _other_handlers(_HandlersCompose([current._sigterm_notifier_fn, stale_note]), signal.SIGTERM, None)
+    assert seen == [signal.SIGTERM, signal.SIGTERM]
+    assert not earlier.received_sigterm and not current.received_sigterm

@@ -105,7 +105,7 @@ def test_read_less_metrics_ranks_and_a_step_range(tmp_path, engine):
         ({"metrics": ["nope"]}, ValueError, "Unknown metric(s) 'nope'; the metrics are: 'loss', 'val_loss', 'z_extra'"),
         ({"ranks": [0, -1]}, TypeError, "ranks must be whole numbers >= 0, got -1"),
         ({"ranks": [True]}, TypeError, "ranks must be whole numbers >= 0, got True"),
-        ({"ranks": [2, 40, 41, 43]}, FileNotFoundError, "No file for rank(s) 40-41, 43 under {log_dir} (the ranks"),
+        ({"ranks": [2, 40, 41, 43]}, FileNotFoundError, "No file for ranks 40, 41 and 43 under {log_dir} (the ranks"),
         ({"min_step": 5, "max_step": 4}, ValueError, "min_step (5) is greater than max_step (4)"),
         ({"min_step": 1.5}, TypeError, "min_step must be an int or None, got float 1.5"),
         ({"engine": "polars"}, ValueError, "engine must be one of 'pyarrow', 'pandas' or None, got 'polars'"),
@@ -196,10 +196,10 @@ def test_files_moved_aside_alike_on_every_rank_are_one_run(tmp_path):
 def test_a_file_with_no_metric_in_common_or_another_first_step_is_refused(tmp_path):
     many_ranks(tmp_path, ranks=4)
     other = rank_file(tmp_path, 2, ["acc", "step"], [[0.5, 0]])
-    with pytest.raises(MixedRunsError, match=re.escape(f"{other} share no metric with rank(s) 0-1, 3 (theirs: ")):
+    with pytest.raises(MixedRunsError, match=re.escape(f"{other} share no metric with ranks 0, 1 and 3 (theirs: ")):
         read_rank_metrics(tmp_path)
     later = rank_file(tmp_path, 2, ["loss", "step"], [[0.5, 5000], [0.4, 5001]])
-    expected = f"{later} at step 5000 start(s) at another step than rank(s) 0-1, 3 (step 0)"
+    expected = f"{later} at step 5000 start(s) at another step than ranks 0, 1 and 3 (step 0)"
     with pytest.raises(MixedRunsError, match=re.escape(expected)):
         read_rank_metrics(tmp_path)
     assert read_rank_metrics(tmp_path, allow_mixed=True)["rank"].tolist().count(2) == 2
@@ -279,3 +279,33 @@ def test_a_bare_carriage_return_in_a_cell_is_refused_by_the_fast_path_as_by_the_
     layout = _fast_csv.split_file(b"a,b,step\r\n\r,,0\r\n", "f.csv")
     with pytest.raises(RankMetricsError, match=r"^f\.csv, line 2: expected 3 fields, saw 0$"):
         _fast_csv.parse(layout, ["step", "a", "b"], engine)
+
+
+@pytest.mark.parametrize("engine", ["pyarrow", "pandas"] if HAS_PYARROW else ["pandas"])
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"1,2,0\r3,4,1\r\n",  # a bare carriage return between two rows that each have every field: two lines
+        b"1,2,0\r\n3,4,1\r\r\n",  # one before a line end: a blank line after it
+        b"1,2,0\n\r3,4,1\r\n",  # one after a bare line feed: a blank line
+        b"1,2,0\r\n\r\n3,4,2\r\n",  # a blank line: a row of missing cells to pyarrow
+    ],
+    ids=["between_rows", "before_line_end", "after_line_feed", "blank_line"],
+)
+def test_lines_the_engines_split_otherwise_than_the_checks_read_as_the_checks_read_them(
+    tmp_path: Path, engine: str, body: bytes
+) -> None:
+    """The fast path counts an engine's rows against the line feeds (no other pass over the bytes): where a carriage
+    return or a blank line makes them differ, the row-by-row checks decide, and the reader returns or raises what
+    they do."""
+    put(tmp_path, "rank_0/metrics.csv", (b"a,b,step\r\n" + body).decode())
+    layout = _fast_csv.split_file(b"a,b,step\r\n" + body, str(tmp_path / "rank_0" / "metrics.csv"))
+    try:
+        exact = _fast_csv.parse_exact(layout, ["step", "a", "b"])
+    except RankMetricsError as error:
+        with pytest.raises(RankMetricsError) as raised:
+            read_rank_metrics(tmp_path, engine=engine)
+        assert str(raised.value) == str(error)
+        return
+    table = read_rank_metrics(tmp_path, engine=engine)
+    assert [table[name].tolist() for name in ("step", "a", "b")] == [array.tolist() for array in exact]

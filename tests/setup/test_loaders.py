@@ -137,7 +137,7 @@ def test_the_message_names_each_rank_the_loader_the_cause_and_the_fix() -> None:
     message = setup_message([[], [generator], [generator]])
     assert (
         message.splitlines()[1]
-        == "  rank(s) [1, 2]: the train dataloader (M.train_dataloader, model.py:12): its DataLoader generator ..."
+        == "  ranks 1 and 2: the train dataloader (M.train_dataloader, model.py:12): its DataLoader generator ..."
     )
     assert "Expected a 'cpu' device type for generator but found 'cuda'" in message
     init = Finding("val dataloader 0", "", ("its sampler ...",), "init_module", "validate", "cpu", "cuda")
@@ -153,5 +153,5 @@ def test_the_init_module_warning_names_the_ranks_inside() -> None:
     assert init_module_warning([None, None]) is None
     warning = init_module_warning([("fit", "cuda:0"), None])
     assert warning is not None and str(warning).startswith(
-        "trainer.fit() runs inside `with trainer.init_module():` on rank(s) [0] (the default device there is cuda:0)"
+        "trainer.fit() runs inside `with trainer.init_module():` on rank 0 (the default device there is cuda:0)"
     )

@@ -25,7 +25,7 @@ def test_a_generator_on_another_device_on_one_rank_is_one_error_on_every_rank(ra
         pool.run(FIT, (str(tmp_path), "plain"), (str(tmp_path), "cuda_generator"), timeout=60)
     message = same_error_everywhere(raised.value, 2)
     assert message.startswith("DataLoaderSetupError: A dataloader would fail at its first batch")
-    assert "rank(s) [1]: the train dataloader (LoaderModule.train_dataloader, setup_scenarios.py:" in message
+    assert "  rank 1: the train dataloader (LoaderModule.train_dataloader, setup_scenarios.py:" in message
     assert "its DataLoader generator is on cuda:0 and draws its seed on cpu" in message
     assert "PyTorch would raise \"Expected a 'cpu' device type for generator but found 'cuda'\"" in message
     assert 'which Lightning reports as "Please call `iter(combined_loader)` first"' in message
@@ -34,7 +34,7 @@ def test_a_generator_on_another_device_on_one_rank_is_one_error_on_every_rank(ra
     with pytest.raises(RankFailure) as raised:
         pool.run(FIT, (str(tmp_path), "cuda_sampler_generator"), distributed_sampler=False, timeout=60)
     message = same_error_everywhere(raised.value, 2)
-    assert "rank(s) [0, 1]: the train dataloader" in message
+    assert "  ranks 0 and 1: the train dataloader" in message
     assert "its sampler (RandomSampler) permutes on cpu with its generator on cuda:0" in message
 
 
@@ -79,6 +79,6 @@ def test_a_run_inside_init_module_warns_that_it_is_for_the_model_only(rank_pools
     results = rank_pools(2).run(FIT, (str(tmp_path), "shuffle"), around="init_module", timeout=60)
     assert [result["steps"] for result in results] == [2, 2]  # on CPU it runs
     (warning,) = results[0]["warnings"]
-    assert warning.startswith("trainer.fit() runs inside `with trainer.init_module():` on rank(s) [0, 1]")
+    assert warning.startswith("trainer.fit() runs inside `with trainer.init_module():` on ranks 0 and 1")
     assert "init_module is for building the model only" in warning and "(the default device there is cpu)" in warning
     assert results[1]["warnings"] == []  # said once, by rank 0

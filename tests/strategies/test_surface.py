@@ -7,6 +7,7 @@ read from Lightning itself, never from lightning-ext.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import importlib.util
 import inspect
 import re
@@ -38,6 +39,7 @@ from lightning_ext import (
     available_policies,
 )
 from lightning_ext.policies import resolve_policy
+from lightning_ext.strategies._options import StrategyOptions
 from lightning_ext.strategies.deepspeed import PolicyDeepSpeedStrategy as _PolicyDeepSpeedStrategy
 
 DEEPSPEED_INSTALLED = importlib.util.find_spec("deepspeed") is not None
@@ -93,7 +95,16 @@ def test_the_documented_options_are_every_option_of_the_mixin_and_its_docstring(
     assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in mixin[1:-1])
     arguments = (PolicyStrategyMixin.__doc__ or "").split("Args:")[1].split("Raises:")[0]
     documented = re.findall(r"^        (\w+): ", arguments, re.MULTILINE)
-    assert documented == list(MIXIN_OPTIONS)
+    assert documented == list(MIXIN_OPTIONS) == [field.name for field in dataclasses.fields(StrategyOptions)]
+
+
+@pytest.mark.parametrize("ours", [ours for ours, _ in PAIRS], ids=[ours.__name__ for ours, _ in PAIRS])
+def test_a_strategys_docstring_leaves_the_options_to_the_mixins(ours: type) -> None:
+    """The options are listed once, in the mixin's docstring: a strategy's own names none of them (a partial list goes
+    stale: ``PolicyDDPStrategy``'s once lacked ``log_sync``)."""
+    named = set(re.findall(r"``(\w+)``", ours.__doc__ or "")) & set(MIXIN_OPTIONS)
+    assert not named, f"{ours.__name__}'s docstring names {sorted(named)}: point to PolicyStrategyMixin instead"
+    assert "PolicyStrategyMixin" in (ours.__doc__ or "")
 
 
 @pytest.mark.both_packages

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -13,6 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from lightning_ext._summaries.stragglers import rank_times, verdict
 from lightning_ext.cli import main
 from lightning_ext.rank_metrics import RankMetricsWriter, rank_metrics_path
 from lightning_ext.rank_spread import find_stragglers, host_memory
@@ -240,3 +242,20 @@ def test_the_plot_has_a_time_row_at_1024_ranks(tmp_path: Path) -> None:
 
     image = imread(tmp_path / "ranks.png")
     assert image.shape[0] > 300 and image.shape[1] > 1000  # drawn, at a readable size
+
+
+def test_the_share_is_a_keyword_and_the_times_cannot_be_changed() -> None:
+    """``find_stragglers(table, 0.1)`` would read as a row count or a rank: the share is named, always; and the
+    times a verdict reads are fixed once read."""
+    table = pd.DataFrame(
+        [{"rank": rank, "step": step, "telemetry/step_s": 0.05, "telemetry/data_wait_s": 0.001 + 0.04 * rank,
+          "telemetry/forward_s": 0.004, "telemetry/backward_s": 0.004, "telemetry/collectives_s": 0.0,
+          "telemetry/gradient_wait_s": 0.041 - 0.04 * rank} for step in range(4) for rank in range(2)]
+    )  # fmt: skip
+    times = rank_times(table)
+    for positional in (lambda: find_stragglers(table, 0.1), lambda: verdict(times, 0.1), lambda: rank_times(table, 0)):
+        with pytest.raises(TypeError):
+            positional()
+    assert find_stragglers(table, min_share=0.1)["rank"].tolist() == [1]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        times.step = times.wait  # type: ignore[misc]

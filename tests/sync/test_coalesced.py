@@ -4,8 +4,9 @@ Random logging programs (1-12 keys per hook; mean, sum, max, min; ``on_step``/``
 float64 values with NaN and inf; uneven batch sizes; in ``training_step``, the module's and a callback's
 ``on_train_batch_end`` and ``validation_step``) run on the same rank pool under a **stock** ``DDPStrategy`` and under
 ``PolicyDDPStrategy()`` (coalesced, the default). Compared on every rank: ``callback_metrics``, ``logged_metrics``,
-``progress_bar_metrics``, what a callback reads in ``on_train_batch_end`` after the module logged in
-``training_step``, and rank 0's ``metrics.csv``.
+``progress_bar_metrics``, what a callback reads in ``on_train_batch_end`` before the logging callback in the list
+(after the module logged in ``training_step``) and what one reads after it (the logging callback's values of that
+same hook too), and rank 0's ``metrics.csv``.
 
 The tolerance (docs/synced-logging.md, "Float tolerance"): max and min exactly; sum and mean exactly at one or two
 ranks; at three or more, packed values are summed in another order than stock's lone all-reduce sums them, so a float
@@ -156,10 +157,11 @@ def check_same_as_stock(program: dict[str, Any], ours: list[dict], stock: list[d
     for rank, (mine, theirs) in enumerate(zip(ours, stock)):
         for what in ("callback_metrics", "logged_metrics", "progress_bar_metrics"):
             compare_dicts(mine[what], theirs[what], keys, world, last, f"rank {rank} {what}")
-        assert len(mine["callback_reads"]) == len(theirs["callback_reads"])
-        for batch, (read, reference) in enumerate(zip(mine["callback_reads"], theirs["callback_reads"])):
-            shown = batch // program["batches"] - 1  # the epoch values shown during an epoch are the last epoch's
-            compare_dicts(read, reference, keys, world, shown, f"rank {rank} callback read at batch {batch}")
+        for reader in ("callback_reads", "callback_reads_after"):
+            assert len(mine[reader]) == len(theirs[reader])
+            for batch, (read, reference) in enumerate(zip(mine[reader], theirs[reader])):
+                shown = batch // program["batches"] - 1  # the epoch values shown during an epoch are the last epoch's
+                compare_dicts(read, reference, keys, world, shown, f"rank {rank} {reader} at batch {batch}")
     mine_rows, their_rows = ours[0]["csv"], stock[0]["csv"]
     assert len(mine_rows) == len(their_rows)
     assert [set(row) for row in mine_rows] == [set(row) for row in their_rows]

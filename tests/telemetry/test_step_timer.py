@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from lightning_ext import PerRankMetrics
-from lightning_ext._per_rank.logger import RankCSVLogger
+from lightning_ext._per_rank.logger import RankMetricsLogger
 from lightning_ext._telemetry import step_timer
 from lightning_ext._telemetry.step_timer import (
     BACKWARD,
@@ -78,7 +78,7 @@ def test_a_batch_that_did_not_run_is_not_counted(clock: list[int]) -> None:
 
 
 def test_a_lightning_without_the_loop_methods_gets_one_warning_not_an_error(tmp_path: Path) -> None:
-    logger = RankCSVLogger(str(tmp_path), 0, PerRankMetrics(telemetry=True))
+    logger = RankMetricsLogger(str(tmp_path), 0, PerRankMetrics(telemetry=True))
     trainer = SimpleNamespace(fit_loop=SimpleNamespace(epoch_loop=SimpleNamespace()), log_every_n_steps=50)
     watch = Telemetry(logger, 0, None)
     with pytest.warns(RankMetricsWarning, match=r"telemetry of rank 0 stopped: AttributeError: .* \(while starting\)"):

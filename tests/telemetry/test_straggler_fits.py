@@ -33,7 +33,9 @@ def test_two_ranks_the_slow_loader_is_named_with_its_data_loading(rank_pools: An
     log_dir = results[0]["log_dir"]
     found = find_stragglers(read_rank_metrics(log_dir))
     assert _verdict(log_dir) == [(1, "data loading", "chronic")]
-    assert 0.06 <= found.at[0, "excess_s"] <= 0.2 and found.at[0, "held"] >= 0.8 * found.at[0, "rows"]
+    # about the 80 ms put there: its own time holds the whole sleep (load only adds), the others' is their noise
+    assert found.at[0, "seconds"] >= 0.08 and 0.04 <= found.at[0, "excess_s"] <= found.at[0, "seconds"]
+    assert found.at[0, "held"] >= 0.8 * found.at[0, "rows"]
     assert found.at[0, "cost"] > 0.3  # rank 0 spends most of its step waiting for rank 1's loader
     # the command says the same
     assert main(["ranks", log_dir, "--stragglers", "--format", "json"]) == 0

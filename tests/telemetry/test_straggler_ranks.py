@@ -44,8 +44,9 @@ def test_a_rank_delayed_in_a_phase_is_named_with_it_and_none_without_a_delay(
     found = find_stragglers(_table(results))
     named = list(zip(found["rank"], found["phase"], found["pattern"], strict=True))
     assert named == ([(slow, phase, "chronic")] if delay else []), found.to_string()
-    if delay:
-        assert found.at[0, "excess_s"] == pytest.approx(delay, abs=0.5 * delay), found.to_string()
+    if delay:  # about the delay: its own time there holds the whole sleep (load only adds), the others' is noise
+        assert found.at[0, "seconds"] >= delay, found.to_string()
+        assert delay / 2 <= found.at[0, "excess_s"] <= found.at[0, "seconds"], found.to_string()
 
 
 def test_the_wait_at_the_end_of_each_backward_pass_is_what_ddp_itself_records(rank_pools: Any) -> None:

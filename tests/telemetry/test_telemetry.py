@@ -42,8 +42,10 @@ def test_the_verdict_names_each_slowed_rank_and_its_phase(slowed_run: tuple[Path
         (1, "data loading", "chronic"), (2, "forward", "chronic")
     ]  # fmt: skip
     for record in found.itertuples():
-        # how much slower: about the delay added, per batch
-        assert DELAY * 0.8 <= record.excess_s <= DELAY * 3, record
+        # how much slower: the delay added, per batch. Its own time in the phase holds the whole sleep (load only adds
+        # to a sleep); what the others spend there is their own noise, far below half the delay even when loaded
+        assert record.seconds >= DELAY, record
+        assert DELAY / 2 <= record.excess_s <= record.seconds, record
         assert record.rows == BATCHES - 1  # the first row, the warm-up, is left out
     assert all(result["warnings"] == [] for result in results)
 
@@ -72,9 +74,9 @@ def test_every_rank_has_every_column_with_plausible_values(slowed_run: tuple[Pat
         # the phases are parts of the step
         assert (phases.sum(axis=1) <= rows["telemetry/step_s"] * 1.001).all()
         assert (rows["telemetry/step_s"] >= DELAY * 0.9).all()  # every rank waits for the slow ones each step
-        # memory is read at the first row, then at most once a second (this run lasts about one)
+        # memory is read at the first row, then at most once a second of the run (its steps' time, however loaded)
         read = rows[rows["telemetry/rss_bytes"].notna()]
-        assert 1 <= len(read) <= 4 and read["step"].iloc[0] == 0
+        assert 1 <= len(read) <= 2 + rows["telemetry/step_s"].sum() and read["step"].iloc[0] == 0
         assert ((read["telemetry/rss_bytes"] > 50 * 2**20) & (read["telemetry/rss_bytes"] < memory)).all()
         assert (read["telemetry/workers_rss_bytes"] == 0).all()  # num_workers=0: no DataLoader worker
         assert ((read["telemetry/host_used_bytes"] > 0) & (read["telemetry/host_used_bytes"] <= memory)).all()
@@ -83,8 +85,10 @@ def test_every_rank_has_every_column_with_plausible_values(slowed_run: tuple[Pat
         slowed = {1: "telemetry/data_wait_s", 2: "telemetry/forward_s"}.get(rank)
         if slowed is not None:
             assert (rows[slowed].iloc[1:] >= DELAY * 0.9).all(), rows[slowed]
-        # the others wait for rank 2 in the synced loss's collective, not in their forward
-        assert rank == 2 or rows["telemetry/forward_s"].median() < DELAY / 2
+        # the others wait for rank 2 in the synced loss's collective, not in their forward: theirs is shorter than
+        # rank 2's (its own computation and the delay) by most of the delay, both measured in this run
+        slow = table[(table["rank"] == 2) & table["telemetry/step_s"].notna()]["telemetry/forward_s"].median()
+        assert rank == 2 or rows["telemetry/forward_s"].median() < slow - DELAY / 2
     hosts = read_rank_hosts(log_dir)
     assert hosts["host"].tolist() == [socket.gethostname()] * 3
     assert hosts["pid"].tolist() == [result["pid"] for result in results]

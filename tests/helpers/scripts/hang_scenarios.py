@@ -173,9 +173,7 @@ def _strategy(kind: str, launcher: str) -> object:
     options["truncate"] = {"uneven_batches": "truncate"}
     options["unsized"] = {"check_unsized_loaders": True}
     options["unsized_truncate"] = {"check_unsized_loaders": True, "uneven_batches": "truncate"}
-    options["no_stop"] = {
-        "preemption_policy": None
-    }  # a lone SIGTERM ends the run (tests/preemption/test_preemption*.py)
+    options["no_stop"] = {"preemption_policy": None}  # a lone SIGTERM ends the run (tests/preemption/)
     # rows stay buffered (1000 > rows of a run) unless lightning-ext flushes them before its error
     per_rank = PerRankMetrics(flush_every_n_rows=1000)
     return PolicyDDPStrategy(start_method=start_method, per_rank_metrics=per_rank, **options[kind])
