@@ -28,6 +28,7 @@ TRAIN_BATCHES = 5
 VAL_BATCHES = 2
 EPOCHS = 2
 PHASES = ("training_step", "on_train_batch_end", "validation_step")
+SLOWED_STEP = 0.5  # seconds each training step takes from a signalled batch on (tests/preemption/test_preemption.py)
 SLOW_VALIDATION = 1.0  # seconds each batch of a signalled validation takes (a stop within it has that long to come)
 
 
@@ -95,7 +96,11 @@ class Model(L.LightningModule):
         self.log("mark", mark(self.global_rank, self.trainer.fit_loop.epoch_loop._batches_that_stepped))
         self.last_loss = float(loss.detach())
         self._maybe_signal("training_step")
-        time.sleep(self.pause)
+        batch_now = self.trainer.fit_loop.epoch_loop.batch_progress.total.ready - 1
+        signalled = any(batch_now >= batch for batch, _ in self.signals.values())
+        # from the signalled batch on, on every rank, a step as long as a real one: the stop's agreement between the
+        # watchdog threads then has LATENCY such steps however loaded the machine is (20 ms steps gave it 60 ms)
+        time.sleep(SLOWED_STEP if signalled else self.pause)
         return loss
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:

@@ -115,7 +115,8 @@ def test_a_signal_at_a_random_step_stops_every_rank_together_and_resumes_to_the_
     signalled = range(world_size) if every_rank else [culprit % world_size]
     signals = {rank: (batch, phase) for rank in signalled}
     # each step waits 20 ms without the GIL, as a real step's device work does: rank 0's watchdog thread, which takes
-    # the stop request, then gets the GIL at once (a pure-Python step of 5 ms can starve it for a few steps)
+    # the stop request, then gets the GIL at once (a pure-Python step of 5 ms can starve it for a few steps); from the
+    # signalled batch on, each step takes SLOWED_STEP, so LATENCY steps are long enough on a loaded machine too
     args = (str(root), accumulate, checkpoint)
     stopped = pool.run(f"{TASKS}:ours", args, signals=signals, pause=0.02, timeout=120)
 
