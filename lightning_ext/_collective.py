@@ -314,7 +314,12 @@ class StoreClient:
 
     def open_in_background(self) -> None:
         """Open the connection now, in a thread of its own: ready for the error path, and no wait for set-up."""
-        threading.Thread(target=self._open, name="lightning-ext-store-client", daemon=True).start()
+        threading.Thread(target=self._open_quietly, name="lightning-ext-store-client", daemon=True).start()
+
+    def _open_quietly(self) -> None:
+        # the group may be gone already (a short run's teardown): the first use opens it, or raises where it is handled
+        with contextlib.suppress(ValueError, *STORE_ERRORS):
+            self._open()
 
     def _open(self) -> Any:
         with self._lock:
