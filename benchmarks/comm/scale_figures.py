@@ -15,12 +15,6 @@ from benchmarks.fits import report as fits_report
 
 __all__ = ["FIGURES", "PAGES", "round_us"]
 
-PAGES: dict[str, Callable[[dict[str, Any]], str]] = {  # each results file's Markdown page, written from its JSON
-    "channel": channel_report.markdown,
-    "fits": fits_report.markdown,
-    "pitfall": pitfall.markdown,
-}
-
 
 def path_of(results: Path, kind: str) -> Path:
     """The results file of ``kind`` beside the comm benchmark's ``results`` file."""
@@ -60,10 +54,11 @@ def _ms(micros: float) -> str:
 
 def _model_table(channel: dict[str, Any]) -> str:
     rounds_us = round_us(channel)
-    fast = {(r["world_size"], r["values"]): r for r in model.model_rows(rounds_us, alpha_us=15.0)}
+    fast = {(r["world_size"], r["values"]): r for r in model.model_rows(rounds_us, alpha_us=model.FAST_ALPHA_US)}
     lines = [
         "| ranks | synced values | check rounds | stock: NCCL calls | the check, then one NCCL all-reduce"
-        f" (alpha {model.ALPHA_US:.0f} µs) | the same, alpha 15 µs | the check as gloo's ring all-reduce |",
+        f" (alpha {model.ALPHA_US:.0f} µs) | the same, alpha {model.FAST_ALPHA_US:.0f} µs (not measured)"
+        " | the check as gloo's ring all-reduce |",
         "|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in model.model_rows(rounds_us):
@@ -80,7 +75,7 @@ def _model_table(channel: dict[str, Any]) -> str:
 def _model_verdict(channel: dict[str, Any]) -> str:
     """Where the check (and one NCCL all-reduce) is ahead of stock and where behind, on each network, by values."""
     parts = []
-    for alpha in (model.ALPHA_US, 15.0):
+    for alpha in (model.ALPHA_US, model.FAST_ALPHA_US):
         rows = model.model_rows(round_us(channel), alpha_us=alpha)
         said = []
         for count in sorted({row["values"] for row in rows}):
@@ -93,6 +88,15 @@ def _model_verdict(channel: dict[str, Any]) -> str:
     return ". ".join(parts)
 
 
+def _grid(fits: dict[str, Any]) -> str:
+    """``W = 2, 4, 8 and 16 (2, 1, 1, 1 repeats), 15 timed steps per fit``: what the launched fits ran."""
+    counts = fits["metadata"]["counts"]
+    sizes = sorted(counts["world_sizes"])
+    repeats = ", ".join(str(counts["repeats"][str(size)]) for size in sizes)
+    listed = ", ".join(map(str, sizes[:-1])) + f" and {sizes[-1]}" if len(sizes) > 1 else str(sizes[0])
+    return f"W = {listed} ({repeats} repeats), {counts['steps']} timed steps per fit"
+
+
 def _pitfall(result: dict[str, Any]) -> str:
     return (
         f"at {result['world_size']} ranks, `{', '.join(result['errors'])}` on every rank, its first line"
@@ -100,6 +104,26 @@ def _pitfall(result: dict[str, Any]) -> str:
         f" {result['world_size']}, {result['seconds_to_last_error']:.1f} s after rank 0 made the call"
     )
 
+
+def _channel_page(channel: dict[str, Any]) -> str:
+    """The channel's page, with the model on paper computed from its round time (the model's output, kept with it)."""
+    return (
+        channel_report.markdown(channel)
+        + "\n## The model on paper, to 4,096 ranks (`benchmarks/channel/model.py`)\n\n"
+        + f"Per step, between hosts: Python's time per round {round_us(channel):.0f} µs (measured above: the check's"
+        + f" CPU time at 2 ranks), a TCP message {model.ALPHA_US:.0f} µs (gloo's README), NCCL's own latency model for"
+        + " stock's calls; docs/hang-checks.md says where each parameter comes from. Not measured: no NCCL, no second"
+        + " host here.\n"
+        + _model_table(channel)
+        + f"\n{_model_verdict(channel)}.\n"
+    )
+
+
+PAGES: dict[str, Callable[[dict[str, Any]], str]] = {  # each results file's Markdown page, written from its JSON
+    "channel": _channel_page,
+    "fits": fits_report.markdown,
+    "pitfall": pitfall.markdown,
+}
 
 Figure = Callable[[dict[str, dict[str, Any] | None]], str]
 FIGURES: dict[str, Figure] = {
@@ -109,6 +133,7 @@ FIGURES: dict[str, Figure] = {
     "model-table": lambda r: _model_table(_needed(r["channel"], "channel")),
     "model-verdict": lambda r: _model_verdict(_needed(r["channel"], "channel")),
     "fits-date": lambda r: _needed(r["fits"], "fits")["metadata"]["date"][:10],
+    "fits-grid": lambda r: _grid(_needed(r["fits"], "fits")),
     "fits-set-up": lambda r: "\n" + fits_report.set_up_table(_needed(r["fits"], "fits")) + "\n",
     "fits-steps": lambda r: "\n" + fits_report.step_table(_needed(r["fits"], "fits")) + "\n",
     "fits-targets": lambda r: "\n" + fits_report.target_lines(_needed(r["fits"], "fits")) + "\n",

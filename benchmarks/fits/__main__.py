@@ -107,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     sessions: dict[int, dict[str, list[dict[str, Any]]]] = {}
     loads: dict[int, list[Any]] = {}
     waited: dict[int, float] = {}
+    page = ""
     for size in sizes:
         sessions[size] = {config: [] for config in CONFIGS}
         loads[size] = [load_average()]
@@ -117,7 +118,24 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"W={size} repeat {repeat + 1}/{repeats[size]}: {config} (load {load_average()})", flush=True)
                 sessions[size][config].append(launch(config, size, plan, 600 + 30 * size))
         loads[size].append(load_average())
+        # written after each world size: a run cut short (the grid may outlast a session) keeps the sizes it finished
+        page = _write(args, sessions, plan, repeats, started, loads, waited)
+    print(page)
+    return 0
+
+
+def _write(
+    args: argparse.Namespace,
+    sessions: dict[int, dict[str, list[dict[str, Any]]]],
+    plan: dict[str, Any],
+    repeats: dict[int, int],
+    started: float,
+    loads: dict[int, list[Any]],
+    waited: dict[int, float],
+) -> str:
+    """Write the results of the world sizes finished so far (``fits-<machine>.json`` and ``.md``); the page."""
     results = summarize(sessions)
+    sizes = list(sessions)
     results["metadata"] = {
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
         "seconds": round(time.time() - started),
@@ -125,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         "cpus": os.cpu_count(),
         "load_average": {str(size): load for size, load in loads.items()},
         "waited_for_memory_s": {str(size): round(seconds) for size, seconds in waited.items()},
-        "counts": plan | {"repeats": {str(size): count for size, count in repeats.items()}, "world_sizes": sizes},
+        "counts": plan | {"repeats": {str(size): repeats[size] for size in sizes}, "world_sizes": sizes},
         "smoke": args.smoke,
         "torch": torch.__version__,
     }
@@ -134,9 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     stem.with_suffix(".json").write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
     page = markdown(results)
     stem.with_suffix(".md").write_text(page, encoding="utf-8")
-    print(page)
-    print(f"wrote {stem}.json and .md")
-    return 0
+    print(f"wrote {stem}.json and .md (world sizes {sizes})", flush=True)
+    return page
 
 
 if __name__ == "__main__":

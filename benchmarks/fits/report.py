@@ -167,10 +167,11 @@ def markdown(results: dict[str, Any]) -> str:
     return (
         f"# Launched fits: set-up and step against stock ({meta['machine']}, {meta['date'][:10]})\n\n"
         f"`python -m benchmarks.fits{' --smoke' if meta['smoke'] else ''}`: gloo on {meta['cpus']}-core CPU ranks,"
-        f" every configuration launched once per repeat in a seeded random order (repeats by world size:"
-        f" {counts['repeats']}); each launch fits {counts['values']} synced values per step, {counts['steps']} timed"
-        f" steps after {counts['skip']}. Load average before and after each world size: {meta['load_average']};"
-        f" waited for memory: {meta['waited_for_memory_s']} s; {meta['seconds']} s in all; torch {meta['torch']}.\n\n"
+        f" world sizes {counts['world_sizes']}, every configuration launched once per repeat in a seeded random order"
+        f" (repeats by world size: {counts['repeats']}); each launch fits {counts['values']} synced values per step,"
+        f" {counts['steps']} timed steps after {counts['skip']}. Load average before and after each world size:"
+        f" {meta['load_average']}; waited for memory: {meta['waited_for_memory_s']} s; {meta['seconds']} s in all;"
+        f" torch {meta['torch']}.\n\n"
         f"## Set-up to the first batch\n\n{set_up_table(results)}\n\n## The step\n\n{step_table(results)}\n\n"
         f"## Targets (`defaults`)\n\n{target_lines(results)}\n"
     )
