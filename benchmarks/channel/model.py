@@ -8,11 +8,23 @@ import math
 
 from lightning_ext._exchange_rounds import exchange_partners
 
-__all__ = ["ALPHA_US", "FAST_ALPHA_US", "GPUS_PER_HOST", "check_us", "model_rows", "nccl_allreduce_us", "ring_check_us", "stock_us"]
+__all__ = [
+    "ALPHA_US",
+    "FAST_ALPHA_US",
+    "GLOO_RING",
+    "GPUS_PER_HOST",
+    "NCCL_LATENCY_US",
+    "check_us",
+    "model_rows",
+    "nccl_allreduce_us",
+    "ring_check_us",
+    "stock_us",
+]
 
 # One message between hosts through gloo over TCP: 263 µs, the p50 of gloo's allreduce_ring_chunked of one element on
 # 4 machines with 40GbE (gloo's README, "Example output"), over its 2 (W - 1) = 6 messages one after the other.
-ALPHA_US = 263 / 6
+GLOO_RING = (263.0, 6)  # (µs, messages one after the other)
+ALPHA_US = GLOO_RING[0] / GLOO_RING[1]
 # Not a published measurement: a network about three times faster than ALPHA_US's, to show how the verdict moves with
 # alpha (the docs say so where they quote it).
 FAST_ALPHA_US = 15.0
@@ -21,7 +33,8 @@ GPUS_PER_HOST = 8
 # protocol, which it picks for a few bytes: 4.4 µs, then per step 0.52 µs x 1.8 over NVLink inside a host (more than
 # one host) and 5.0 µs between hosts, twice (up, then down) over the tree's depth. It is below what nccl-tests
 # measures (an 8-byte all_reduce over InfiniBand across hosts: 40-47 µs, NVIDIA/nccl-tests#182): it favours stock.
-_NCCL_BASE_US, _NCCL_NVLINK_US, _NCCL_NET_US = 4.4, 0.52 * 1.8, 5.0
+NCCL_LATENCY_US = (4.4, 0.52 * 1.8, 5.0)  # (base, per NVLink step across hosts, per network step)
+_NCCL_BASE_US, _NCCL_NVLINK_US, _NCCL_NET_US = NCCL_LATENCY_US
 
 
 def nccl_allreduce_us(world_size: int) -> float:

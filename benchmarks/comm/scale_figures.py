@@ -88,6 +88,11 @@ def _model_verdict(channel: dict[str, Any]) -> str:
     return ". ".join(parts)
 
 
+def _nccl_parameters() -> str:
+    base, nvlink, network = model.NCCL_LATENCY_US
+    return f"{base:.1f} µs, then {nvlink:.2f} µs per NVLink step and {network:.0f} µs per network step"
+
+
 def _grid(fits: dict[str, Any]) -> str:
     """``W = 2, 4, 8 and 16 (2, 1, 1, 1 repeats), 15 timed steps per fit``: what the launched fits ran."""
     counts = fits["metadata"]["counts"]
@@ -131,6 +136,13 @@ FIGURES: dict[str, Figure] = {
     "channel-table": lambda r: _channel_table(_needed(r["channel"], "channel")),
     "channel-round": lambda r: f"{round_us(_needed(r['channel'], 'channel')):.0f} µs",
     "model-table": lambda r: _model_table(_needed(r["channel"], "channel")),
+    "model-nccl": lambda r: _nccl_parameters(),
+    "model-nccl-4096": lambda r: f"{model.nccl_allreduce_us(4096):.0f} µs",
+    "model-alpha": lambda r: (
+        f"{model.ALPHA_US:.0f} µs (gloo's README: its ring all-reduce of one element, 4 machines on 40GbE,"
+        f" {model.GLOO_RING[0]:.0f} µs over {model.GLOO_RING[1]} messages)"
+    ),
+    "model-fast-alpha": lambda r: f"{model.FAST_ALPHA_US:.0f} µs",
     "model-verdict": lambda r: _model_verdict(_needed(r["channel"], "channel")),
     "fits-date": lambda r: _needed(r["fits"], "fits")["metadata"]["date"][:10],
     "fits-grid": lambda r: _grid(_needed(r["fits"], "fits")),
