@@ -259,7 +259,7 @@ def agree_in_store(store: Any, key: str, rank: int, world_size: int, failure: st
         store.set(f"{key}/outcome", failed)
     try:
         store.wait([f"{key}/outcome"], timedelta(seconds=timeout))
-    except Exception:  # some rank never reported
+    except STORE_ERRORS:  # some rank never reported (the wait timed out: DistStoreError)
         reported = int(store.add(f"{key}/reported", 0))
         return f"only {reported} of {world_size} ranks reported within {timeout:.0f} s"
     outcome = store.get(f"{key}/outcome").decode()

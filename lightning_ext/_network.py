@@ -59,7 +59,7 @@ def _interfaces() -> dict[str, list[str]]:
     """Every network interface's addresses, IPv4 first (empty if they cannot be read: they are for messages only)."""
     try:
         found = psutil.net_if_addrs()
-    except Exception:
+    except (OSError, psutil.Error):
         return {}
     order = {socket.AF_INET: 0, socket.AF_INET6: 1}
     return {
