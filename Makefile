@@ -1,5 +1,5 @@
 # The two entry points the README opens with. Both set up .venv first (idempotent).
-.PHONY: demo test test-ci test-fast test-lightning-2.5 setup setup-lightning-2.5 lint typecheck ci mutation
+.PHONY: demo test test-ci test-fast test-scale test-lightning-2.5 setup setup-lightning-2.5 lint typecheck ci mutation
 
 # The verified Lightning releases (lightning_ext/strategies/_compat.py VERIFIED): .venv holds the newest, the README's default.
 LIGHTNING := 2.6.6
@@ -10,7 +10,7 @@ VENV_25 := .venv-lightning-2.5
 # `make test`: the comm benchmark's smoke runs (tests/benchmarks/test_comm.py), the wheel build, and the launched
 # demonstrations that stock Lightning itself hangs on each pitfall (marker `stock`: the reference for our errors, not
 # lightning-ext's behaviour). It includes the 2.5.6 patch series applied and run natively (tests/patches/test_native.py).
-CORE := --ignore=tests/benchmarks/test_comm.py -m "not stock" \
+CORE := --ignore=tests/benchmarks/test_comm.py -m "not stock and not scale" \
 	--deselect tests/patches/test_tool.py::test_the_built_wheel_ships_the_series_and_the_installed_tool_checks_it
 
 # pytest-xdist: the suite on 4 workers, each test file on one (its module-scoped jobs and fixtures stay together, and
@@ -24,13 +24,20 @@ setup:
 demo: setup
 	.venv/bin/python -m lightning_ext.demo
 
-# every test but those marked `ci` (the patch series run natively: whole suites and jobs again, minutes each)
+# every test but those marked `ci` (the patch series run natively: whole suites and jobs again, minutes each) and
+# `scale` (launched jobs of 16 ranks: make test-scale)
 test: setup
-	.venv/bin/python -m pytest $(PARALLEL) -m "not ci"
+	.venv/bin/python -m pytest $(PARALLEL) -m "not ci and not scale"
 
 # what `make test` leaves to CI: the tests marked `ci`
 test-ci: setup
-	.venv/bin/python -m pytest $(PARALLEL) -m ci
+	.venv/bin/python -m pytest $(PARALLEL) -m "ci and not scale"
+
+# The launched jobs of 16 ranks (marker `scale`, tests/checks/test_sixteen_ranks.py): 16 processes each, one job at a
+# time (no xdist: two would hold 32 ranks on the machine). 24 min on a loaded 2-core machine, so not in CI's 90 min
+# budget: run it when the checks' channel, the lockstep or a first line changes.
+test-scale: setup
+	.venv/bin/python -m pytest -m scale tests/checks/test_sixteen_ranks.py
 
 setup-lightning-2.5:
 	scripts/bootstrap.sh $(VENV_25) $(LIGHTNING_25)
@@ -40,7 +47,7 @@ test-lightning-2.5: setup-lightning-2.5
 
 # The edit loop: the pure and in-process tests (no rank pool, no launched DDP job, no Trainer on several processes).
 test-fast: setup
-	.venv/bin/python -m pytest -n 2 --dist loadfile -m "not slow and not pool and not stock and not ci"
+	.venv/bin/python -m pytest -n 2 --dist loadfile -m "not slow and not pool and not stock and not ci and not scale"
 
 # ruff; the architecture's import contracts (pyproject.toml [tool.importlinter], docs/architecture.md); dead code
 lint: setup

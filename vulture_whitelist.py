@@ -46,3 +46,5 @@ _.for_rank  # RankMetricsWriter.for_rank
 _.rows_logged  # RankMetricsLogger.rows_logged, read by tests/helpers/scripts/killed_rank.py
 # Lightning's own state, set by lightning-ext and read by Lightning's loops and users' callbacks
 _.received_sigterm  # _SignalConnector.received_sigterm, set by the coordinated stop (_preemption/stop.py)
+# torch's gloo reads these options of a group it creates (the checks' pair groups, _collective.CheckChannel.connect)
+_._threads

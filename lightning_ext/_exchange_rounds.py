@@ -1,26 +1,6 @@
-"""The rounds of a hang check's exchange (``_collective.CheckChannel``): who talks to whom, and what each round does
-with the values a check carries. Pure: no communication here."""
+"""The rounds of a hang check's exchange (``_collective.CheckChannel``): each rank's partner in each round. Pure."""
 
-from typing import Any, Protocol
-
-import numpy as np
-
-__all__ = ["CARRY_BYTES", "COMBINE", "SEND", "TAKE", "Carried", "exchange_partners", "roles"]
-
-CARRY_BYTES = 512  # what a check message carries beside its (min, max): a hook's step values (``_sync/carried.py``)
-COMBINE, SEND, TAKE = "combine", "send", "take"  # what a round does with the partner's carried values
-
-
-class Carried(Protocol):
-    """Values that ride a check (the coalesced sync's step values, ``_sync/carried.py``), reduced over every rank as
-    the check's rounds pass them on: no collective of their own."""
-
-    data: "np.ndarray[Any, np.dtype[np.uint8]]"  # CARRY_BYTES: this rank's running values, sent in every round
-    layout: tuple[Any, ...]  # how the bytes are laid out: part of what the ranks must agree on before they are read
-
-    def combine(self, theirs: "np.ndarray[Any, np.dtype[np.uint8]]", first: bool) -> None:
-        """Reduce ``theirs`` (a partner's running values) into :attr:`data`; ``first``: this rank's operand comes first
-        (the lower rank's does, so both partners compute the same bits)."""
+__all__ = ["exchange_partners"]
 
 
 def exchange_partners(rank: int, world_size: int) -> list[int]:
@@ -53,23 +33,3 @@ def _powers_below(limit: int) -> list[int]:
         powers.append(value)
         value *= 2
     return powers
-
-
-def roles(rank: int, world_size: int) -> list[str]:
-    """What each round of :func:`exchange_partners` does with the partner's carried values.
-
-    A rank beyond the largest power of two sends its values, then takes the result; its partner folds them in first
-    and ignores what they send back last; the butterfly's rounds combine.
-
-    Example:
-        >>> roles(0, 4), roles(2, 3), roles(0, 3), roles(1, 3)
-        (['combine', 'combine'], ['send', 'take'], ['combine', 'combine', 'send'], ['combine'])
-
-    """
-    rounds = exchange_partners(rank, world_size)
-    power = _largest_power(world_size)
-    if rank >= power:
-        return [SEND, TAKE]
-    if rank + power < world_size:
-        return [COMBINE] * (len(rounds) - 1) + [SEND]
-    return [COMBINE] * len(rounds)

@@ -3,6 +3,8 @@
 from typing import Protocol
 
 __all__ = [
+    "CheckChannelError",
+    "CheckChannelWarning",
     "CrossRankError",
     "DataLoaderSetupError",
     "DecisionRecordError",
@@ -75,6 +77,16 @@ class StallError(CrossRankError):
 
 class DataLoaderSetupError(CrossRankError):
     """A dataloader would fail at its first batch (a generator on another device, ``fit`` inside ``init_module``)."""
+
+
+class CheckChannelError(CrossRankError):
+    """The hang checks' channel could not connect at set-up and the run needs it (``uneven_batches="truncate"``); the
+    message names the ranks, their interfaces and addresses, and ``GLOO_SOCKET_IFNAME``."""
+
+
+class CheckChannelWarning(UserWarning):
+    """The hang checks' channel could not connect at set-up: every rank goes on without hang checks (the message says
+    where it failed and how to fix it)."""
 
 
 class UnsyncedReadWarning(UserWarning):

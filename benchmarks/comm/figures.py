@@ -13,6 +13,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from benchmarks.comm import scale_figures
 from benchmarks.comm.report import Row, Target, markdown
 from benchmarks.comm.row_cost import RecordCost, RowCost, Spread
 from benchmarks.comm.stall_cost import StallCost
@@ -42,6 +43,7 @@ class Results:
     stalls: list[StallCost]
     synced: dict[str, Any] | None = None  # the synced-logging benchmark's results, where there are some
     scale: dict[str, Any] | None = None  # the scale benchmark's results, where there are some
+    cluster: dict[str, dict[str, Any] | None] | None = None  # the checks' channel's, the launched fits', the pitfall's
 
     def row(self, subject: str, world_size: int = 2) -> Row:
         return next(row for row in self.rows if (row.subject, row.world_size) == (subject, world_size))
@@ -88,7 +90,12 @@ def load(path: Path = RESULTS) -> Results:
         [_typed(StallCost, cost) for cost in document["stall_cost"]],
         json.loads(synced.read_text(encoding="utf-8")) if synced.exists() else None,
         json.loads(scale.read_text(encoding="utf-8")) if scale.exists() else None,
+        {kind: _document(scale_figures.path_of(path, kind)) for kind in scale_figures.PAGES},
     )
+
+
+def _document(path: Path) -> dict[str, Any] | None:
+    return json.loads(path.read_text(encoding="utf-8")) if path.exists() else None
 
 
 # ---- the figures ---------------------------------------------------------------------------------------------------
@@ -177,7 +184,7 @@ def _hang_checks_table(results: Results) -> str:
         f"| stock against itself (`stock_twin`) | {cell('stock_twin')} | {cell('stock_5_synced_twin')} |",
         f"| default checks | {cell('hang_checks')} | {cell('hang_checks_5_synced')} |",
         f'| `hang_checks="debug"` | {cell("hang_checks_debug")} | |',
-        "| time in the checks (which carry the values) against stock's barriers alone, per synced value (paired"
+        "| time in the checks against stock's barriers alone, per synced value (paired"
         " fit by fit) |"
         f" {extra['hang_checks'].median:+.0f} µs | {extra['hang_checks_5_synced'].median:+.0f} µs |",
     ]
@@ -212,6 +219,11 @@ def _synced_ratios(results: Results) -> str:
         values = ", ".join(str(row["values"]) for row in mine)
         parts.append(f"at {size} ranks {ratios} stock's step time with {values} synced values per step")
     return "; ".join(parts)
+
+
+def _cluster(figure: scale_figures.Figure) -> Callable[[Results], str]:
+    """A figure of the checks' channel at scale, read from the results' :attr:`Results.cluster`."""
+    return lambda results: figure(results.cluster or {})
 
 
 def _scale(results: Results) -> dict[str, Any]:
@@ -300,6 +312,7 @@ FIGURES: dict[str, Callable[[Results], str]] = {
     "scale-read-memory": _read_memory,
     "scale-summary-size": _summary_size,
     "scale-start": lambda results: f"{_scale(results)['start']['median_help_s']:.2f} s",
+    **{name: _cluster(figure) for name, figure in scale_figures.FIGURES.items()},
 }
 
 
@@ -333,6 +346,10 @@ def stale(repo: Path = REPO, results_path: Path = RESULTS) -> list[Path]:
     synced = _synced_path(results_path).with_suffix(".md")
     if results.synced is not None and synced.read_text("utf-8") != synced_report.markdown(results.synced):
         found.append(synced)
+    for kind, document in (results.cluster or {}).items():
+        page = scale_figures.path_of(results_path, kind).with_suffix(".md")
+        if document is not None and page.read_text("utf-8") != scale_figures.PAGES[kind](document):
+            found.append(page)
     return found
 
 
@@ -348,6 +365,9 @@ def main(argv: list[str] | None = None) -> int:
                 text = results.markdown()
             elif results.synced is not None and path == _synced_path(args.results).with_suffix(".md"):
                 text = synced_report.markdown(results.synced)
+            elif path.name.split("-")[0] in scale_figures.PAGES and path.suffix == ".md" and path.parent == page.parent:
+                kind = path.name.split("-")[0]
+                text = scale_figures.PAGES[kind](_document(scale_figures.path_of(args.results, kind)) or {})
             else:
                 text = rendered(path.read_text("utf-8"), results)
             path.write_text(text, encoding="utf-8")

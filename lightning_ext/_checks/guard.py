@@ -11,10 +11,10 @@ from torch.nn.parallel import DistributedDataParallel
 
 from lightning_ext import _collective, errors
 from lightning_ext._checks import loaders, logs
+from lightning_ext._checks.channel import open_channel
 from lightning_ext._checks.lockstep import Lockstep, record_of
 from lightning_ext._checks.messages import signalled_message
 from lightning_ext._checks.points import Point, collective_point
-from lightning_ext._exchange_rounds import Carried
 from lightning_ext._files.storage import guarded
 from lightning_ext._preemption.stop import StopController
 from lightning_ext._stall import monitor as stall
@@ -60,6 +60,7 @@ class HangGuard:
         stall_options: the stall report's options.
         preemption_policy: decides a coordinated stop when ranks receive SIGTERM (``None``: off).
         waiting: around each check's exchange, where this rank waits for the others (per-rank telemetry times it).
+        channel_timeout: seconds the checks' channel may take to connect at set-up.
 
     """
 
@@ -72,8 +73,16 @@ class HangGuard:
         stall_options: stall.StallOptions,
         preemption_policy: VotePolicy | None = None,
         waiting: Callable[[], AbstractContextManager[None]] = nullcontext,
+        channel_timeout: float = 30.0,
     ) -> None:
+        if (
+            isinstance(channel_timeout, bool)
+            or not isinstance(channel_timeout, (int, float))
+            or not channel_timeout > 0
+        ):
+            raise ValueError(f"check_channel_timeout must be a positive number of seconds, got {channel_timeout!r}")
         self.mode = mode
+        self.channel_timeout = channel_timeout
         self._waiting = waiting
         self.preemption_policy = preemption_policy
         self.preemption: StopController | None = None
@@ -86,22 +95,35 @@ class HangGuard:
         self.lockstep: Lockstep | None = None
         self.monitor: stall.StallMonitor | None = None
 
-    def start(self, rank: int, world_size: int, namespace: str, trainer: Any, peers: list[stall.Introduction]) -> None:
+    def start(
+        self,
+        rank: int,
+        world_size: int,
+        namespace: str,
+        trainer: Any,
+        peers: list[stall.Introduction],
+        routes: list[str | None],
+    ) -> None:
         """Start the checks and the stall monitor, where on (every rank, at set-up, after the process group exists).
 
-        ``peers``: every rank's :func:`stall.introduction`, exchanged at set-up.
+        ``peers``: every rank's :func:`stall.introduction`; ``routes``: every rank's route to ``MASTER_ADDR`` (the
+        local address it leaves from); both exchanged at set-up.
         """
         wanted = self.mode or self.stall_options.stall_timeout is not None
         if not wanted or world_size < 2 or not _collective.is_initialized():
             return
+        channel = None
+        if self.mode:  # first: where it cannot connect, every rank warns (the checks are off) or raises alike
+            hosts, store = [host for _, host, _ in peers], _collective.default_store(namespace)
+            channel = open_channel(store, rank, routes, hosts, self.channel_timeout, self.uneven_batches == "truncate")
+            self.mode = self.mode if channel is not None else False
         recorder = self.recorder = Recorder(rank, world_size, trainer)
         recorder.install()
         watchdog = self.watchdog = Watchdog(namespace, recorder)
         recorder.on_signal = self._on_signal
         if self.preemption_policy is not None:
             self.preemption = StopController(self.preemption_policy, watchdog, self._safe_flush)
-        if self.mode:
-            channel = _collective.CheckChannel(watchdog.store, rank, world_size)
+        if channel is not None:
             self.lockstep = Lockstep(channel, watchdog, self._safe_flush)
             self.lockstep.waiting = self._waiting
             logs.start(self.lockstep, trainer)
@@ -196,14 +218,12 @@ class HangGuard:
         with self.lockstep.recorder.barrier_skipped(checked=True):  # the check above is that barrier
             return reduce(tensor, group=group, reduce_op=reduce_op)
 
-    def check_pack(self, metrics: list[Any], phase: str, carried: Carried | None = None) -> bool:
-        """Before the coalesced sync of ``metrics``' ``phase`` values: a hook's step values are checked together (an
-        epoch round's were checked when the round started). Returns whether the check carried ``carried``."""
+    def check_pack(self, metrics: list[Any], phase: str, layout: tuple[Any, ...]) -> None:
+        """Before the coalesced sync of ``metrics``' ``phase`` values (packed as ``layout`` says): a hook's step values
+        are checked together (an epoch round's were checked when the round started)."""
         checks = logs.active()
-        if self.lockstep is None or checks is None or phase != "step":
-            return False
-        logs.check_pack(checks, metrics, carried)
-        return carried is not None
+        if self.lockstep is not None and checks is not None and phase == "step":
+            logs.check_pack(checks, metrics, layout)
 
     def without_barrier(self) -> AbstractContextManager[None]:
         """Within the block, the training thread skips Lightning's barrier before an all-reduce: a check lined the

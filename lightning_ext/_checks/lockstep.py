@@ -12,7 +12,6 @@ from lightning_ext import _collective, errors
 from lightning_ext._checks.messages import describe_deadlock, describe_divergence, signalled_message
 from lightning_ext._checks.points import Label, Point, fingerprint_at, labelled
 from lightning_ext._checks.verdict import diagnosed
-from lightning_ext._exchange_rounds import Carried
 from lightning_ext._watch.facts import Recorder
 from lightning_ext._watch.watchdog import ErrorRecord, Watchdog, raise_record
 from lightning_ext.errors import mark_joint
@@ -55,12 +54,10 @@ class Lockstep:
         self.waiting: Callable[[], AbstractContextManager[None]] = nullcontext
         watchdog.on_error = self.complete_pending
 
-    def agree(self, point: Point, position: int = 0, label: Label = "", carried: Carried | None = None) -> bool:
+    def agree(self, point: Point, position: int = 0, label: Label = "") -> bool:
         """Whether every rank is at the same point (and ``position``, e.g. the batch). Raises a posted error.
 
         ``label`` says ``position`` for people, on the error paths only (a string, or a function that returns one).
-        ``carried``: values that ride the check, reduced over every rank when it completes (read them only if the
-        ranks agreed).
         """
         posted = self.watchdog.posted()
         if posted is not None:
@@ -71,7 +68,7 @@ class Lockstep:
         with self.waiting():
             with self._lock:
                 self.count += 1
-                exchange = self.channel.start(fingerprint, carried)
+                exchange = self.channel.start(fingerprint)
             recorder.check_since = time.monotonic()
             recorder.check = (self.count, point.where)
             try:
@@ -80,13 +77,13 @@ class Lockstep:
                 recorder.checks = self.count
             finally:
                 recorder.check = None
-        posted = self.watchdog.posted()
+        posted = self.watchdog.read_posted() if exchange.filled else self.watchdog.posted()
         if posted is not None:  # the check was completed by other ranks' watchdogs: the run is failing
             self._before_error()
             raise_record(posted)
         return exchange.agreed
 
-    def require(self, point: Point, position: int = 0, label: Label = "", carried: Carried | None = None) -> None:
+    def require(self, point: Point, position: int = 0, label: Label = "") -> None:
         """Check ``point``; if the ranks differ, raise the same error, naming every rank's point, on every rank.
 
         Args:
@@ -94,10 +91,9 @@ class Lockstep:
             position: where in the run it does it (the batch number of a step value), part of what must agree.
             label: ``position`` for people (``"batch_idx 3 of training"``), added to the point's description on the
                 error paths; a function is called only there.
-            carried: values that ride the check, reduced over every rank once it returns.
 
         """
-        if not self.agree(point, position, label, carried):
+        if not self.agree(point, position, label):
             self.fail_jointly(describe_divergence(self.gather(labelled(point, position, label))))
 
     def gather(self, point: Point) -> list[Point]:
@@ -132,7 +128,7 @@ class Lockstep:
         """The run is failing: join the checks other ranks still wait in, so no rank is left with a pending one.
 
         Called by the watchdog thread. A pending collective on a group would block that group's destruction when the
-        process exits; the fillers pair with the pending checks (their values are never read).
+        process exits; the fillers pair with the pending checks, whose ranks then read the posted error.
         """
         target = self.watchdog.pending_checks()
         with self._lock:

@@ -9,7 +9,6 @@ from typing import Any
 
 from lightning_ext._checks.lockstep import Lockstep
 from lightning_ext._checks.points import Point, collective_point
-from lightning_ext._exchange_rounds import Carried
 from lightning_ext._watch.sites import called_as
 from lightning_ext._watch.sites import user_site as site_of
 
@@ -144,18 +143,18 @@ def check_reduce(checks: LogChecks, tensor: Any, reduce_op: Any) -> None:
         checks.lockstep.require(point, -_round(checks, None)[1], f"epoch {checks.trainer.current_epoch}")
 
 
-def check_pack(checks: LogChecks, metrics: Sequence[Any], carried: Carried | None = None) -> None:
+def check_pack(checks: LogChecks, metrics: Sequence[Any], layout: tuple[Any, ...]) -> None:
     """Check the step values that a hook logged, about to sync together: the same keys, synced in the same order, at
-    the same batch, on every rank (the coalesced sync's one check per hook); ``carried``: their values, riding it."""
+    the same batch, packed alike (``layout``: each pack's op, dtype, size, device), on every rank (the coalesced sync's
+    one check per hook)."""
     entries = [_entry(metric) for metric in metrics]
     keys = tuple((entry["fx"], entry["name"], entry["dataloader"], entry["reduce"]) for entry in entries)
     names = ", ".join(repr(entry["name"]) for entry in entries)
     where = f"the step sync of {names} logged in {entries[0]['fx']}"
-    # carried values: their layout (dtypes, whether they ride at all) must agree too, or their bytes would not line up
-    identity = ("step_logs", keys, None if carried is None else carried.layout)
+    identity = ("step_logs", keys, layout)  # packs of another dtype would meet in one all-reduce
     point = Point("step_logs", identity, where, entries, call=entries[0]["call"], site=entries[0]["site"])
     label = functools.partial(batch_label, checks.trainer)
-    checks.lockstep.require(point, checks.lockstep.recorder.batches, label, carried)
+    checks.lockstep.require(point, checks.lockstep.recorder.batches, label)
 
 
 def batch_label(trainer: Any) -> str:

@@ -255,7 +255,7 @@ def _keys_line(split: Sequence[tuple[dict[str, Any], list[int]]]) -> str:
 
 
 def _layouts_differ(points: Sequence[Point], stand: Stand) -> errors.CrossRankError:
-    """The same synced keys with values of another dtype (or, on some ranks, not on the CPU: not carried) by rank."""
+    """The same synced keys with values of another dtype or device by rank (their packs' all-reduces would not meet)."""
     lines = grouped_lines((rank, f"values {_layout(point.identity[2])}") for rank, point in enumerate(points))
     names = shortened(", ".join(repr(entry["name"]) for entry in stand.keys), 60)
     head = (
@@ -265,8 +265,10 @@ def _layouts_differ(points: Sequence[Point], stand: Stand) -> errors.CrossRankEr
     return errors.DivergentLoggingError("\n".join([first_line(head, advice), *lines]))
 
 
-def _layout(packs: tuple[tuple[str, str, int], ...] | None) -> str:
-    return ", ".join(f"{count} {dtype} ({op})" for op, dtype, count in packs) if packs else "not on the CPU"
+def _layout(packs: tuple[tuple[str, str, int, str], ...]) -> str:
+    return ", ".join(
+        f"{count} {dtype}{'' if device == 'cpu' else f' on {device}'} ({op})" for op, dtype, count, device in packs
+    )
 
 
 def _placed(found: Sequence[Stand], everyone: Sequence[Stand]) -> list[str]:

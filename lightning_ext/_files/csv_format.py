@@ -4,13 +4,15 @@ import csv
 import io
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 from numpy.typing import NDArray
 
 from lightning_ext.errors import RankMetricsError
+
+if TYPE_CHECKING:  # imported where a file is read back: a training run that writes files never needs pandas, whose
+    import pandas as pd  # import takes seconds on every rank (docs/hang-checks.md, "Cost at scale")
 
 __all__ = [
     "BACKWARD_S",
@@ -63,8 +65,9 @@ WORKERS_RSS_BYTES = "telemetry/workers_rss_bytes"
 HOST_USED_BYTES = "telemetry/host_used_bytes"
 CUDA_ALLOCATED_BYTES = "telemetry/cuda_allocated_bytes"
 CUDA_PEAK_BYTES = "telemetry/cuda_peak_bytes"
+TIME_COLUMNS = (STEP_S, DATA_WAIT_S, FORWARD_S, BACKWARD_S, OPTIMIZER_S, COLLECTIVES_S, GRADIENT_WAIT_S)
 TELEMETRY_COLUMNS = (
-    *(STEP_S, DATA_WAIT_S, FORWARD_S, BACKWARD_S, OPTIMIZER_S, COLLECTIVES_S, GRADIENT_WAIT_S),
+    *TIME_COLUMNS,
     *(RSS_BYTES, WORKERS_RSS_BYTES, HOST_USED_BYTES, CUDA_ALLOCATED_BYTES, CUDA_PEAK_BYTES),
 )
 HOST_SUFFIX = ".host"  # beside a rank's file: its host, written when telemetry starts
@@ -173,13 +176,15 @@ def parse_body(
     columns: Sequence[str] | None = None,
     *,
     integer: str | None = None,
-) -> pd.DataFrame:
+) -> "pd.DataFrame":
     """The data rows as float64 columns named by ``header`` (pandas parses; floats come back exactly).
 
     The rows are checked with :func:`iter_records` first: ``pd.read_csv`` would pad a short row silently. Only the
     cells of ``columns`` (all if ``None``) are converted, and checked to be numbers. The column ``integer``, if given,
     is int64 where every one of its cells reads as one (else float64, for the caller to check).
     """
+    import pandas as pd
+
     for _ in iter_records(body, header, where, first_line):
         pass
     names = header if columns is None else list(columns)
@@ -280,6 +285,8 @@ def _first_unreadable(cells: list[str]) -> int | None:
 
 def _readable(cells: list[str]) -> bool:
     """Whether pandas reads every one of ``cells`` as a float64 (or a missing value), as the reader does."""
+    import pandas as pd
+
     text = io.StringIO()
     csv.writer(text).writerows([cell] for cell in cells)
     try:

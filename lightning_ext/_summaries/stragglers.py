@@ -19,6 +19,7 @@ from lightning_ext._files.csv_format import (
     GRADIENT_WAIT_S,
     OPTIMIZER_S,
     STEP_S,
+    TIME_COLUMNS,
 )
 
 __all__ = [
@@ -37,7 +38,7 @@ __all__ = [
 MIN_SHARE = 0.05  # what the others lose waiting for a straggler, at least, as a share of the step
 CHRONIC = 0.5  # a straggler that holds the others back in more than this share of its rows is chronic
 MIN_HELD = 2  # rows in which a straggler held the others back, at least: one row alone is a one-off (a hiccup)
-TIMES = (STEP_S, DATA_WAIT_S, FORWARD_S, BACKWARD_S, OPTIMIZER_S, COLLECTIVES_S, GRADIENT_WAIT_S)  # what it reads
+TIMES = TIME_COLUMNS  # what it reads: each batch's time by phase
 # the phases of a rank's own time; "hooks and logging" is the rest of it: the batch hooks and callbacks, the logging,
 # the batch's transfer to the device, Lightning's own work
 PHASES = ("data loading", "forward", "backward compute", "optimizer", "hooks and logging")

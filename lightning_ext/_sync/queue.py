@@ -1,8 +1,7 @@
 """``SyncQueue``: a rank's synced logged values, synced together at points every rank reaches (docs/synced-logging.md).
 
 A step value is held until the hook that logged it returns, an epoch round's values until the round starts; then one
-all-reduce per reduce op and dtype syncs them, through Lightning's own ``strategy.reduce``, after the group's check. A
-hook's step values on CPU tensors, on a gloo group, ride their check instead (``carried.py``): no collective at all.
+all-reduce per reduce op and dtype syncs them, through Lightning's own ``strategy.reduce``, after the group's check.
 """
 
 import math
@@ -14,13 +13,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from lightning_ext._collective import exact_mean_input
-from lightning_ext._sync.carried import CarriedPacks
-
-__all__ = ["Held", "SyncQueue", "pack_key"]
+__all__ = ["Held", "SyncQueue", "exact_mean_input", "pack_key"]
 
 Reduce = Callable[[Tensor, str], Tensor]
-BeforePack = Callable[[list[Any], str, CarriedPacks | None], bool]
+BeforePack = Callable[[list[Any], str, tuple[Any, ...]], None]
 
 
 @dataclass(frozen=True)
@@ -49,19 +45,15 @@ class SyncQueue:
 
     Args:
         reduce: Lightning's ``strategy.reduce`` of the world group, without its barrier (``(tensor, reduce_op)``).
-        before_pack: called on every rank with the result metrics of the values about to sync, the phase and the
-            values that may ride the check, before any collective: the hang check of the group (it raises if the ranks
-            differ). Returns whether the check carried the values (they are reduced then).
-        world_size: the number of ranks (a carried mean is a sum divided by it, as Lightning's gloo sync divides).
-        carry: whether step values on CPU tensors may ride their check (the training group is gloo's).
+        before_pack: called on every rank with the result metrics of the values about to sync, the phase and the packs'
+            layout (each pack's op, dtype, size and device), before any collective: the hang check of the group (it
+            raises if the ranks differ, so that no rank's all-reduce meets another's of another dtype).
 
     """
 
-    def __init__(self, reduce: Reduce, before_pack: BeforePack, world_size: int, carry: bool) -> None:
+    def __init__(self, reduce: Reduce, before_pack: BeforePack) -> None:
         self._reduce = reduce
         self._before_pack = before_pack
-        self._world_size = world_size
-        self._carry = carry
         self.held: list[Held] = []
         self._metric: Any = None  # the result metric whose value Lightning syncs now, and in which phase
         self._phase = ""
@@ -121,31 +113,17 @@ class SyncQueue:
             (op, members, torch.cat([one.tensor.reshape(1) for one in members]))
             for (op, _, _), members in packs.items()
         ]
-        pairs = [(tensor, op) for op, _, tensor in packed]
-        carried = CarriedPacks(pairs) if self._carry and phase == "step" and CarriedPacks.fit(pairs) else None
-        if self._before_pack([one.metric for one in held], phase, carried) and carried is not None:
-            carried.unpack()
-            for reduce_op, _, tensor in packed:
-                if reduce_op == "mean":  # Lightning's gloo mean: the sum divided by the world size, in place
-                    _divide(tensor, self._world_size)
-        else:
-            for index, (reduce_op, members, tensor) in enumerate(packed):
-                if reduce_op in _EXTREMES:
-                    packed[index] = (reduce_op, members, _extreme(tensor, reduce_op, self._reduce))
-                else:
-                    packed[index] = (reduce_op, members, self._reduce(tensor, reduce_op))
+        layout = tuple((op, str(t.dtype).removeprefix("torch."), t.numel(), t.device.type) for op, _, t in packed)
+        self._before_pack([one.metric for one in held], phase, layout)
+        for index, (reduce_op, members, tensor) in enumerate(packed):
+            if reduce_op in _EXTREMES:
+                packed[index] = (reduce_op, members, _extreme(tensor, reduce_op, self._reduce))
+            else:
+                packed[index] = (reduce_op, members, self._reduce(tensor, reduce_op))
         for _, members, tensor in packed:
             targets = [one.tensor for one in members]
             results = [part.view(target.shape) for part, target in zip(tensor, targets, strict=True)]
             torch._foreach_copy_(targets, results)
-
-
-def _divide(tensor: Tensor, world_size: int) -> None:
-    """``tensor`` divided by ``world_size`` in place, as Lightning's ``_sync_ddp`` divides a gloo sum into a mean."""
-    if torch.is_floating_point(tensor):
-        tensor.div_(world_size)
-    else:
-        tensor.copy_(tensor / world_size)
 
 
 _EXTREMES = {"max": -math.inf, "min": math.inf}  # each extreme's neutral value
@@ -177,3 +155,27 @@ def _sync_inputs(metric: Any) -> list[Held]:
     if meta.is_mean_reduction:
         inputs.append(Held(metric, exact_mean_input(metric.cumulated_batch_size, meta.sync.op), meta.sync.op))
     return inputs
+
+
+def exact_mean_input(tensor: Any, reduce_op: Any) -> Any:
+    """``tensor`` as a float tensor when ``strategy.reduce`` is asked for the mean of integers, else ``tensor``.
+
+    Lightning's ``_sync_ddp`` divides an integer sum by the world size in place, truncating it: a logged mean's batch
+    count, so a synced epoch mean is wrong when the ranks' batch-size totals differ (Lightning #21859). The mean of the
+    same numbers as floats is exact.
+
+    Example:
+        >>> exact_mean_input(torch.tensor(7), "mean").dtype == torch.get_default_dtype()
+        True
+        >>> exact_mean_input(torch.tensor(7), "sum").dtype
+        torch.int64
+
+    """
+    if (
+        isinstance(tensor, torch.Tensor)
+        and isinstance(reduce_op, str)
+        and reduce_op.lower() in ("mean", "avg")
+        and not (torch.is_floating_point(tensor) or torch.is_complex(tensor))
+    ):
+        return tensor.to(torch.get_default_dtype())
+    return tensor

@@ -11,11 +11,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any, Protocol
 
-import pandas as pd
-
 from lightning_ext._collective import STORE_ERRORS
-from lightning_ext._summaries.straggler_format import duration, step_ranges
-from lightning_ext._summaries.stragglers import rank_times, verdict
 from lightning_ext._telemetry.telemetry import Telemetry, WindowRow
 from lightning_ext.errors import StragglerWarning
 
@@ -126,6 +122,11 @@ class StragglerWatch:
 
     def judge(self, windows: dict[int, list[WindowRow]], now: float) -> list[str]:
         """The warnings due at ``now`` (monotonic seconds) for every rank's latest telemetry rows, by rank."""
+        # imported here, where telemetry is on: pandas takes seconds to import, on every rank of every run
+        import pandas as pd
+
+        from lightning_ext._summaries.stragglers import rank_times, verdict
+
         rows = [{"rank": rank, "step": step, **times} for rank, window in windows.items() for step, times in window]
         if not rows:
             return []
@@ -141,6 +142,8 @@ class StragglerWatch:
 
 def warning_text(record: Any, log_dir: str, *, reminder: bool = False) -> str:
     """The warning for one chronic straggler of a window (a row of the verdict)."""
+    from lightning_ext._summaries.straggler_format import duration, step_ranges
+
     again = "still " if reminder else ""
     return (
         f"Straggler: the other ranks are {again}waiting for rank {record.rank}. In {record.held} of the last"

@@ -20,10 +20,10 @@ from lightning_ext._files.csv_format import (
     HOST_SUFFIX,
     HOST_USED_BYTES,
     RSS_BYTES,
+    TIME_COLUMNS,
     WORKERS_RSS_BYTES,
 )
 from lightning_ext._files.storage import guarded, write_whole
-from lightning_ext._summaries.stragglers import TIMES
 from lightning_ext._telemetry.step_timer import COLLECTIVES, DATA_WAIT, GradientWait, StepTimer, timing
 from lightning_ext.errors import RankMetricsWarning
 
@@ -34,7 +34,7 @@ HOST_FORMAT = "lightning-ext per-rank host/1"
 # where a rank waits for the others outside the strategy's own methods: Lightning's broadcast at each batch's start
 # (the training epoch loop's), DDP's broadcast of the module's buffers at each forward (the DDP module's)
 _WAITS = {"loop": "_broadcast_sigterm_tensor", "model": "_sync_buffers"}
-WindowRow = tuple[int, dict[str, float]]  # a telemetry row of the live straggler window: (step, the TIMES columns)
+WindowRow = tuple[int, dict[str, float]]  # a telemetry row of the live straggler window: (step, the TIME_COLUMNS)
 
 
 class _Memory:
@@ -192,7 +192,7 @@ class Telemetry:
         if not times:
             return
         if self._rows:  # the first row holds the warm-up: not a straggler's doing
-            self.window.append((step, {name: times[name] for name in TIMES}))
+            self.window.append((step, {name: times[name] for name in TIME_COLUMNS}))
         self._rows += 1
         row: dict[str, float | int] = dict(times)
         row.update(self._memory.sample(now=memory_now))

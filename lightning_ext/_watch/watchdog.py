@@ -62,7 +62,12 @@ class Watchdog:
         self.rank = recorder.rank
         self.world_size = recorder.world_size
         self.recorder = recorder
-        self._store = _collective.store_client(namespace)  # the training thread's
+        # the training thread's quick operations go through the default group's connection (no connection of our own
+        # to open, at set-up or at teardown); its waits, and the watchdog thread's, through connections of their own,
+        # opened on first use, so that none blocks the other's store operations
+        self._quick = _collective.default_store(namespace)
+        self._store = _collective.store_client(namespace)  # the training thread's, for waits (asking, gathering)
+        self._store.open_in_background()  # ready when an error needs it, without set-up waiting for it
         self._thread_store = _collective.store_client(namespace)  # the watchdog thread's, so it never blocks ours
         self._posted: ErrorRecord | None = None
         self.on_error: Callable[[], None] = _nothing  # set by the owner: what to do when an error is posted
@@ -95,7 +100,7 @@ class Watchdog:
     def post(self, record: ErrorRecord) -> ErrorRecord:
         """Post ``record`` unless another error was posted first; wake every watchdog; return the error that won."""
         encoded = json.dumps(record.__dict__)
-        winner = self._store.compare_set("error", "", encoded).decode()
+        winner = self._quick.compare_set("error", "", encoded).decode()
         if winner == encoded:
             for rank in range(self.world_size):
                 self._mail(rank, {"type": "error"})
@@ -107,13 +112,13 @@ class Watchdog:
 
     def read_posted(self) -> ErrorRecord | None:
         """The posted error, asking the store (for a training thread that just saw a collective fail)."""
-        if self._posted is None and self._store.check(["error"]):
-            self._posted = ErrorRecord(**json.loads(self._store.get("error")))
+        if self._posted is None and self._quick.check(["error"]):
+            self._posted = ErrorRecord(**json.loads(self._quick.get("error")))
         return self._posted
 
     def publish_pending(self, count: int) -> None:
         """Say that this rank waits in its ``count``-th check (only ranks that wait long say so)."""
-        self._store.set(f"pending/{self.rank}", str(count))
+        self._quick.set(f"pending/{self.rank}", str(count))
 
     def pending_checks(self) -> int:
         """The highest check number any rank said it waits in (0 if none)."""
@@ -128,7 +133,7 @@ class Watchdog:
 
     def claim(self, key: str) -> bool:
         """Whether this rank is the first to claim ``key`` (so one rank, not all, does a piece of slow-path work)."""
-        return bool(self._store.compare_set(f"claim/{key}", "", str(self.rank)).decode() == str(self.rank))
+        return bool(self._quick.compare_set(f"claim/{key}", "", str(self.rank)).decode() == str(self.rank))
 
     def ask_in_thread(self, ranks: list[int], kind: str, timeout: float) -> dict[int, Any]:
         """Ask the watchdogs of ``ranks`` (:func:`ask`) from this watchdog's own thread: a handler of :attr:`handlers`
@@ -160,7 +165,7 @@ class Watchdog:
         self._mail(rank, {"type": kind, **fields})
 
     def _mail(self, rank: int, message: dict[str, str]) -> None:
-        mail(self._store, rank, message)
+        mail(self._quick, rank, message)
 
     def _handle(self, store: Any, message: dict[str, str]) -> None:
         """Answer another rank's request, or run the handler of a message (on this watchdog's thread)."""

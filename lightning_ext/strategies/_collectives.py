@@ -6,6 +6,7 @@ from lightning.pytorch.strategies import ParallelStrategy
 from typing_extensions import override
 
 from lightning_ext import _collective
+from lightning_ext._sync.queue import exact_mean_input
 from lightning_ext._telemetry import step_timer
 
 if TYPE_CHECKING:
@@ -31,7 +32,7 @@ class CollectiveSeams(_Strategy):
 
     @override
     def reduce(self, tensor: Any, group: Any | None = None, reduce_op: Any = "mean") -> Any:
-        tensor = _collective.exact_mean_input(tensor, reduce_op)
+        tensor = exact_mean_input(tensor, reduce_op)
         queue = self._sync_queue
         if queue is not None and _collective.is_world(group):
             synced = queue.take(tensor, reduce_op)  # a logged value: it syncs with the others of its hook or round

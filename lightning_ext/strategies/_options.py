@@ -12,10 +12,10 @@ from collections.abc import Callable
 from typing import Any, cast
 
 from lightning_ext._checks.guard import HangChecks, UnevenMode
+from lightning_ext._per_rank.writer import PerRankMetrics
 from lightning_ext._stall.monitor import OnStall
 from lightning_ext._sync.hooks import LogSync
 from lightning_ext.policies import DecisionPolicy, PolicyLike
-from lightning_ext.rank_metrics import PerRankMetrics
 
 __all__ = ["StrategyOptions", "give_init", "init_for", "mixin_signature"]
 
@@ -31,6 +31,7 @@ class StrategyOptions:
     hang_checks: HangChecks = True
     uneven_batches: UnevenMode = "error"
     check_unsized_loaders: bool = False
+    check_channel_timeout: float = 30.0
     decision_record: bool = True
     preemption_policy: PolicyLike | None = "any"
     stall_timeout: float | str | None = "auto"

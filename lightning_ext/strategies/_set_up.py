@@ -8,7 +8,8 @@ from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_warn
 
 from lightning_ext._checks.messages import first_line
-from lightning_ext._collective import RankGroup, all_gather_objects
+from lightning_ext._collective import RankGroup, all_gather_objects, store_host
+from lightning_ext._network import route_address
 from lightning_ext._per_rank.sinks import run_identities
 from lightning_ext._rank_lists import ranks_text
 from lightning_ext._setup import checks as setup_checks
@@ -29,6 +30,7 @@ class Agreement:
     record_dir: str | None  # where the decision record goes, if it is on and there is a logger
     peers: list[Introduction]  # every rank's introduction to the stall monitor
     runs: list[Any] | None  # with per-rank files: each logger's main run as rank 0 made it, for the ranks' own runs
+    routes: list[str | None]  # every rank's route to MASTER_ADDR: where the hang checks' channel binds
 
 
 def agree(
@@ -58,6 +60,7 @@ def agree(
         "namespace": f"lightning_ext/{uuid.uuid4().hex}/" if first else None,
         "init_module": setup_checks.init_module_state(trainer),
         "stall": introduction((logger_dir or str(trainer.default_root_dir)) if first and trainer is not None else None),
+        "route": route_address(store_host()),
     }
     everyone = all_gather_objects(mine, ranks)
     try:
@@ -70,10 +73,10 @@ def agree(
     if trainer is not None and everyone[0]["versions"] is not None:
         for logger, version in zip(_versioned_loggers(trainer), everyone[0]["versions"], strict=True):
             logger._version = version
-    peers = [theirs["stall"] for theirs in everyone]
+    peers, routes = [theirs["stall"] for theirs in everyone], [theirs["route"] for theirs in everyone]
     first_rank = everyone[0]
     return Agreement(
-        first_rank["namespace"], first_rank["log_dir"], first_rank["record_dir"], peers, first_rank["runs"]
+        first_rank["namespace"], first_rank["log_dir"], first_rank["record_dir"], peers, first_rank["runs"], routes
     )
 
 

@@ -24,6 +24,7 @@ from lightning_ext._packages.choice import (
 from lightning_ext._per_rank import local_values
 from lightning_ext._per_rank.logger import RankMetricsLogger, loggers_for
 from lightning_ext._per_rank.sinks import sinks_for
+from lightning_ext._per_rank.writer import PerRankMetrics
 from lightning_ext._preemption.stop import resolve_preemption_policy
 from lightning_ext._setup import checks as setup_checks
 from lightning_ext._stall.monitor import StallOptions
@@ -34,7 +35,6 @@ from lightning_ext._telemetry import step_timer
 from lightning_ext._telemetry.live_stragglers import start_telemetry
 from lightning_ext._telemetry.telemetry import Telemetry
 from lightning_ext.policies import DecisionPolicy, resolve_policy
-from lightning_ext.rank_metrics import PerRankMetrics
 from lightning_ext.strategies import _compat, _runtime
 from lightning_ext.strategies._class_checks import check_base, check_order
 from lightning_ext.strategies._collectives import CollectiveSeams
@@ -69,6 +69,7 @@ class PolicyStrategyMixin(CollectiveSeams, _Strategy):
         uneven_batches: ``"error"`` (default) or ``"truncate"``: what to do when the ranks' dataloaders have
             different numbers of batches in an epoch.
         check_unsized_loaders: compare loaders without a length after every batch (one small check per step).
+        check_channel_timeout: seconds the checks' channel may take to connect at set-up (then: docs/multi-node.md).
         decision_record: ``True`` (default): with a logger, rank 0 records every decision, every rank's value and vote
             and why, in ``<log_dir>/decisions.csv`` (``docs/decision-record.md``); ``False``: no record.
         preemption_policy: when SIGTERM (or Lightning's SLURM requeue signal) on some ranks stops every rank at the
@@ -145,9 +146,8 @@ class PolicyStrategyMixin(CollectiveSeams, _Strategy):
             self._flush_rank_files,
             stall_options,
             preemption,
-            # around a hang check's exchange, where this rank waits for the others: telemetry's collectives (a
-            # bound method, not a lambda: the strategy is pickled to each rank under start_method="spawn")
-            self._timing_collectives,
+            self._timing_collectives,  # a bound method, not a lambda: the strategy is pickled to each rank (spawn)
+            options.check_channel_timeout,
         )
         self._decision_record = options.decision_record
         self.decision_file: DecisionFile | None = None  # rank 0's record, during a run
@@ -213,11 +213,10 @@ class PolicyStrategyMixin(CollectiveSeams, _Strategy):
         _runtime.install()  # a spawned or re-launched process imports us afresh
         self._check_one_package()  # before the process group: every rank raises alike, none waits
         super().setup_environment()
-        namespace, peers = self._agree_at_set_up()
-        self._hang_guard.start(self._rank(), self.world_size, namespace, self._trainer(), peers)
+        namespace, peers, routes = self._agree_at_set_up()
+        self._hang_guard.start(self._rank(), self.world_size, namespace, self._trainer(), peers, routes)
         if self._log_sync == "coalesced" and _collective.is_initialized():
-            carry = _collective.is_gloo()  # CPU step values may ride their check where Lightning's sync is gloo's
-            self._sync_queue = SyncQueue(self._reduce_packed, self._hang_guard.check_pack, self.world_size, carry)
+            self._sync_queue = SyncQueue(self._reduce_packed, self._hang_guard.check_pack)
             sync_hooks.start(self._sync_queue, self._rank(), self.world_size)
         setup_checks.start(setup_checks.SetupChecks(RankGroup.from_strategy(self), self._trainer()))
 
@@ -351,9 +350,9 @@ class PolicyStrategyMixin(CollectiveSeams, _Strategy):
         module = self.lightning_module
         return None if module is None else getattr(module, "_trainer", None)
 
-    def _agree_at_set_up(self) -> tuple[str, list[Any]]:
-        """Set-up's one exchange (see :func:`~lightning_ext.strategies._set_up.agree`); returns the store namespace
-        and every rank's introduction to the stall monitor."""
+    def _agree_at_set_up(self) -> tuple[str, list[Any], list[str | None]]:
+        """Set-up's one exchange (see :func:`~lightning_ext.strategies._set_up.agree`); returns the store namespace,
+        every rank's introduction to the stall monitor and its route to ``MASTER_ADDR``."""
         guard = self._hang_guard
         policies = (self._checkpoint_policy, self._early_stopping_policy, guard.preemption_policy)
         invalid = invalid_policies(*policies, world_size=self.world_size)
@@ -363,7 +362,7 @@ class PolicyStrategyMixin(CollectiveSeams, _Strategy):
         self._run_log_dir, self._main_runs = agreed.log_dir, agreed.runs  # main runs: MLflow's, W&B's (rank 0's)
         if ranks.rank == 0 and agreed.record_dir is not None:  # the run's id: its namespace's
             self.decision_file = DecisionFile(agreed.record_dir, agreed.namespace.split("/")[1][:12])
-        return agreed.namespace, agreed.peers
+        return agreed.namespace, agreed.peers, agreed.routes
 
 
 PolicyStrategyMixin.__init__.__signature__ = mixin_signature(PolicyStrategyMixin.__init__)  # type: ignore[attr-defined]

@@ -31,7 +31,7 @@ def test_smoke_counts_one_packed_all_reduce_where_stock_makes_two_calls_per_valu
         # stock: _sync_ddp's barrier and all-reduce per value, and the SIGTERM flag's broadcast
         stock = {"all_reduce": values, "barrier": values, "broadcast": 1}
         assert calls["stock", values] == calls["stock_twin", values] == stock
-        assert calls["defaults", values] == {"check": 1}  # one check, which carries the values
+        assert calls["defaults", values] == {"all_reduce": 1, "check": 1}  # one check, then one packed all-reduce
         assert calls["per_value", values] == {"all_reduce": values, "check": values}  # stock's sync, checked
         assert calls["unchecked", values] == {"all_reduce": 1}
         # the loggers read every logged value back (.item()) alike; stock also reads its SIGTERM flag back every step

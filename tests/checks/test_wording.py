@@ -133,7 +133,12 @@ def test_values_of_another_dtype_list_each_rank_s_layout_and_cut_the_keys_to_60_
         for name in names
     ]  # fmt: skip
     keys = tuple(("training_step", name, None, "mean") for name in names)
-    layouts = {0: (("mean", "float32", 4),), 1: (("mean", "float64", 4),), 2: None}
+    # each pack: (op, dtype, size, device), as the coalesced sync packs them
+    layouts = {
+        0: (("mean", "float32", 4, "cpu"),),
+        1: (("mean", "float64", 4, "cpu"),),
+        2: (("mean", "float32", 4, "cuda"),),
+    }
 
     def at(rank: int) -> Point:
         facts = Facts(rank, batches=4, progress=Progress("train", 0, hook="training_step"))
@@ -150,7 +155,7 @@ def test_values_of_another_dtype_list_each_rank_s_layout_and_cut_the_keys_to_60_
         " Fix: the same dtype and device on every rank.",
         "  rank 0: values 4 float32 (mean)",
         "  rank 1: values 4 float64 (mean)",
-        "  rank 2: values not on the CPU",
+        "  rank 2: values 4 float32 on cuda (mean)",
     ]
 
 

@@ -262,39 +262,3 @@ def _counted_fit(
     # every rank's epoch outlasts the counted steps at any world size up to 4 (no epoch end's syncs among them)
     world = dist.get_world_size()
     trainer.fit(module, DataLoader(TensorDataset(torch.randn(32 * world, 2)), batch_size=2))
-
-
-_CHANNELS: dict[str, Any] = {}
-
-
-def carry(namespace: str, packs: list[tuple[str, str, list[float]]], agree: bool = True) -> dict[str, Any]:
-    """Pass ``packs`` (``(dtype, reduce op, this rank's values)``) through one real check of this rank's
-    ``CheckChannel`` (one per ``namespace``, kept for the next call): whether the ranks agreed, each pack's values
-    afterwards, and their bytes. ``agree=False``: this rank passes its rank as the check's value (they disagree)."""
-    from lightning_ext._collective import CheckChannel
-    from lightning_ext._sync.carried import CarriedPacks
-    from lightning_ext._watch.facts import Recorder
-    from lightning_ext._watch.watchdog import Watchdog
-
-    rank, world = dist.get_rank(), dist.get_world_size()
-    if namespace not in _CHANNELS:
-        watchdog = Watchdog(namespace, Recorder(rank, world, None))
-        _CHANNELS[namespace] = (watchdog, CheckChannel(watchdog.store, rank, world))
-    channel = _CHANNELS[namespace][1]
-    tensors = [(torch.tensor(values, dtype=_DTYPES[dtype]), op) for dtype, op, values in packs]
-    carried = CarriedPacks(tensors)
-    exchange = channel.start(0 if agree else rank, carried)
-    assert exchange.wait(60.0), "the check did not complete"
-    carried.unpack()
-    return {
-        "agreed": exchange.agreed,
-        "values": [tensor.tolist() for tensor, _ in tensors],
-        "bytes": [tensor.numpy().tobytes().hex() for tensor, _ in tensors],
-    }
-
-
-def carry_close(namespace: str) -> None:
-    """Stop the watchdog and close the links of ``namespace``'s channel."""
-    watchdog, channel = _CHANNELS.pop(namespace)
-    watchdog.stop()
-    channel.close()

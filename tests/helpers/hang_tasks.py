@@ -8,6 +8,7 @@ outcome from the script alone (tests/checks/test_checks.py) and compares it with
 from __future__ import annotations
 
 import math
+import time
 from typing import Any
 
 import lightning as L
@@ -128,7 +129,8 @@ def lockstep_verdicts(namespace: str, identities: list[Any]) -> list[Any]:
 
     from lightning_ext._checks.lockstep import Lockstep
     from lightning_ext._checks.points import Point
-    from lightning_ext._collective import CheckChannel
+    from lightning_ext._collective import CheckChannel, default_store
+    from lightning_ext._network import Place
     from lightning_ext._watch.facts import Recorder
     from lightning_ext._watch.watchdog import Watchdog
 
@@ -136,7 +138,9 @@ def lockstep_verdicts(namespace: str, identities: list[Any]) -> list[Any]:
     if lockstep is None:
         rank, world = dist.get_rank(), dist.get_world_size()
         watchdog = Watchdog(namespace, Recorder(rank, world, None))
-        lockstep = _LOCKSTEPS[namespace] = Lockstep(CheckChannel(watchdog.store, rank, world), watchdog, lambda: None)
+        channel = CheckChannel(rank, world)
+        channel.connect(default_store(namespace), Place("127.0.0.1"), 60.0)
+        lockstep = _LOCKSTEPS[namespace] = Lockstep(channel, watchdog, lambda: None)
     results: list[Any] = []
     for identity in identities:
         point = Point("collective", tuple(identity), f"identity {identity}")
@@ -229,3 +233,26 @@ def store_connections_across_fits(log_dir: str, world_size: int) -> list[list[in
         connections = psutil.Process().net_connections(kind="tcp")
         ports.append(sorted(c.laddr.port for c in connections if c.raddr and c.raddr.port == store.port))
     return ports
+
+
+def slow_exchange(namespace: str, timeout: float, delay: float) -> tuple[bool, float]:
+    """Connect a channel within ``timeout`` s (the ranks lined up first), then pass one check, the last rank ``delay``
+    s late: whether every rank agreed, and how long this rank waited."""
+    import torch.distributed as dist
+
+    from lightning_ext._collective import CheckChannel, default_store
+    from lightning_ext._network import Place
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    dist.barrier()
+    channel = CheckChannel(rank, world)
+    channel.connect(default_store(namespace), Place("127.0.0.1"), timeout)
+    if rank == world - 1:
+        time.sleep(delay)
+    started = time.monotonic()
+    exchange = channel.start(7)
+    while not exchange.wait(0.5):
+        pass
+    waited = time.monotonic() - started
+    channel.close()
+    return exchange.agreed, waited

@@ -11,7 +11,7 @@ same hook too), and rank 0's ``metrics.csv``.
 The tolerance (docs/synced-logging.md, "Float tolerance"): max and min exactly; sum and mean exactly at one or two
 ranks; at three or more, packed values are summed in another order than stock's lone all-reduce sums them, so a float
 sum may differ in its last bits: here by at most ``8 * W * eps * S``, where ``S`` bounds the sum of the absolute values
-summed (the docs state ``2 (W - 1) eps S``; tests/sync/test_carried.py checks that bound). A synced epoch
+summed (the docs state ``2 (W - 1) eps S``). A synced epoch
 mean whose ranks' batch-size totals differ is compared with the exact weighted mean instead: stock truncates its
 batch count there (Lightning #21859; tests/strategies/test_synced_means.py).
 """

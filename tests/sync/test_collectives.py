@@ -1,8 +1,8 @@
 """Collectives per training step, counted: stock pays 2N + 1 for N synced values (a barrier and an all-reduce per
-value, the SIGTERM broadcast); lightning-ext one check on its own links, which carries the values (CPU tensors on gloo,
-up to 512 bytes of them: 128 float32 values), or, for more, the check and one all-reduce for all of them. Without the
-checks, one all-reduce; with ``torch.distributed`` left alone (no checks, no stall report), Lightning's own reduce of
-the pack (its barrier and the all-reduce) and its SIGTERM broadcast.
+value, the SIGTERM broadcast); lightning-ext one check on its own links and one all-reduce for all of them (one reduce
+op and dtype here), through Lightning's own ``strategy.reduce``; with the checks off, that all-reduce alone. With
+``torch.distributed`` left alone (no checks, no stall report), Lightning's own reduce of the pack (its barrier and the
+all-reduce) and its SIGTERM broadcast.
 
 Counted with ``benchmarks.helpers.collectives.count_collectives`` (every ``torch.distributed`` call, and each check)
 over ten steps; DDP's gradient all-reduce runs in C++ and is not counted in either.
@@ -28,8 +28,7 @@ def test_one_collective_per_step_for_any_number_of_synced_values(rank_pools: Any
     untouched = pool.run(TASK, (False, count, {"hang_checks": False, "stall_timeout": None}), timeout=120)
     for rank in range(2):
         assert stock[rank] == {"barrier": count, "all_reduce": count, "broadcast": 1}, stock[rank]
-        carried = count * 4 <= 512  # float32 values within what a check carries
-        assert ours[rank] == ({"check": 1} if carried else {"all_reduce": 1, "check": 1}), ours[rank]
+        assert ours[rank] == {"all_reduce": 1, "check": 1}, ours[rank]
         assert unchecked[rank] == {"all_reduce": 1}, unchecked[rank]  # the stall report's wrappers skip the barrier
         # torch.distributed left alone: Lightning's own reduce, its barrier included, and (no watchdog to carry the
         # coordinated stop) Lightning's SIGTERM broadcast

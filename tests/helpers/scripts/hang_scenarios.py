@@ -3,7 +3,7 @@
 Usage: ``python hang_scenarios.py SCENARIO STRATEGY LOG_DIR`` with STRATEGY ``ours`` (PolicyDDPStrategy, default
 checks), ``debug`` (``hang_checks="debug"``), ``truncate`` (``uneven_batches="truncate"``), ``off``
 (``hang_checks=False``) or ``stock`` (Lightning's DDPStrategy). Set ``LAUNCHER`` to ``popen`` (default), ``spawn``
-or ``torchrun`` (the script is then started by torchrun, one process per rank).
+or ``torchrun`` (the script is then started by torchrun, one process per rank), and ``DEVICES`` (default 2).
 
 Every rank writes ``LOG_DIR/outcome_<rank>.json``: ``{"rank": r, "error": class name or null, "message": ...,
 "at": the wall-clock time it ended}`` (under spawn, the launching process writes ``outcome_parent.json``). A rank
@@ -32,6 +32,7 @@ SCENARIOS = (
     "uneven_train",
     "uneven_val",
     "uneven_iterable_train",
+    "stream_short_on_last_rank",
     "log_on_rank_zero_epoch_end",
     "log_on_rank_zero_step",
     "log_dict_keys_differ",
@@ -98,6 +99,9 @@ class Pitfall(LightningModule):
         if self.scenario == "uneven_iterable_train" and stage == "train":
             self._diverge()
             return DataLoader(Stream(8 + 4 * rank), batch_size=2)
+        if self.scenario == "stream_short_on_last_rank" and stage == "train":
+            self._diverge()
+            return DataLoader(Stream(8 if rank == self.trainer.world_size - 1 else 12), batch_size=2)
         return DataLoader(Numbers(length), batch_size=2)
 
     def train_dataloader(self) -> DataLoader:
@@ -180,7 +184,7 @@ def main() -> None:
     launcher = os.environ.get("LAUNCHER", "popen")
     trainer = Trainer(
         accelerator="cpu",
-        devices=2 if launcher != "torchrun" else "auto",
+        devices=int(os.environ.get("DEVICES", "2")) if launcher != "torchrun" else "auto",
         num_nodes=int(os.environ.get("NUM_NODES", "1")),
         strategy=_strategy(kind, launcher),
         max_epochs=2,
