@@ -80,7 +80,10 @@ class Lockstep:
                 recorder.checks = self.count
             finally:
                 recorder.check = None
-        posted = self.watchdog.posted()
+        # A check that disagrees may have been completed by another rank's watchdog (its fillers carry no point): an
+        # error was posted before any filler ran, but this rank's own watchdog may not have read it yet, so the store
+        # is asked. Taken for a divergence, it would wait in `gather` for ranks that never come.
+        posted = self.watchdog.posted() if exchange.agreed else self.watchdog.read_posted()
         if posted is not None:  # the check was completed by other ranks' watchdogs: the run is failing
             self._before_error()
             raise_record(posted)
