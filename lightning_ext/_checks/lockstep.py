@@ -77,7 +77,10 @@ class Lockstep:
                 recorder.checks = self.count
             finally:
                 recorder.check = None
-        posted = self.watchdog.read_posted() if exchange.filled else self.watchdog.posted()
+        # A check that disagrees, or that another rank's watchdog completed (its fillers carry no point), comes of a
+        # failing run whose error was posted before any filler ran; this rank's own watchdog may not have read it yet,
+        # so the store is asked. Taken for a divergence, it would wait in `gather` for ranks that never come.
+        posted = self.watchdog.posted() if exchange.agreed and not exchange.filled else self.watchdog.read_posted()
         if posted is not None:  # the check was completed by other ranks' watchdogs: the run is failing
             self._before_error()
             raise_record(posted)

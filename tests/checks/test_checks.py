@@ -326,3 +326,21 @@ def test_a_second_run_in_a_process_opens_no_new_store_connection(rank_pools: Any
         # no connection after the second fit that was not there after the first (some of the first's may close late)
         assert set(after_second) <= set(after_first), ports
         assert len(after_second) >= 2, ports  # the default group's, and the watchdog's, kept for the next run
+
+
+@pytest.mark.slow
+def test_a_check_completed_for_a_failing_run_raises_the_posted_error_before_its_watchdog_reads_it(
+    rank_pools: Any,
+) -> None:
+    """Another rank's watchdog completes a check (its fillers) once an error is posted; a rank whose own watchdog has
+    not read the error yet (busy: here, for 20 s) must raise that error at once, not take the check's disagreement
+    for a divergence and wait in the divergence's gather for ranks that never come (60 s, then a store timeout).
+    Seen at 3 ranks in the pitfall matrix (``all_gather@on_validation_epoch_end``: the last rank's error after 62 s)."""
+    namespace = f"filled-check/{uuid.uuid4().hex}/"
+    busy = 20.0
+    task = "tests.helpers.hang_tasks:check_filled_before_posted_is_read"
+    outcomes = rank_pools(3).run(task, (namespace, busy), timeout=180.0)
+    assert [outcome["error"] for outcome in outcomes] == ["DivergentCollectiveError"] * 3, outcomes
+    assert {outcome["message"] for outcome in outcomes} == {"rank 0 stands for a rank stuck elsewhere"}, outcomes
+    # rank 2 raised before its busy watchdog could have told it: it learnt of the error from the store
+    assert outcomes[2]["seconds"] < busy, outcomes

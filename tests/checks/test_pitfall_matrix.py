@@ -12,7 +12,10 @@ first lines are written out here, from the script's own lines.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -27,10 +30,16 @@ from tests.helpers.jobs import REPO, Job, clean_env, server_ports
 SCRIPT = REPO / "tests" / "helpers" / "scripts" / "pitfall_matrix.py"
 # Seconds from the first rank reaching the pitfall to the last rank's error: so generous that only a hang breaks it. A
 # check ends a scenario in a few seconds on a quiet machine; a hang lasts until the process group's timeout (30
-# minutes), and a loaded machine has been seen to take 62 s.
+# minutes).
 LIMIT = 300.0
 FIRST_LINE = 200  # characters
-JOB_TIMEOUT = 1800.0  # a job of every scenario, in seconds (about 90 s on a quiet 2-core machine; 10x that loaded)
+# Seconds without a new outcome in a job: a hang (so generous that nothing else reaches it; a scenario takes a few
+# seconds, a loaded machine's first one a minute). The job is then asked for every rank's stacks, its scenario fails
+# with them, and a new job runs the scenarios after it (at most RELAUNCHES times).
+STALLED = 600.0
+RELAUNCHES = 2
+JOB_TIMEOUT = 1800.0  # the scenarios' own time in a world's jobs (about 90 s on a quiet 2-core machine; 10x loaded)
+WORLD_TIMEOUT = JOB_TIMEOUT + RELAUNCHES * STALLED  # plus the time each hang stepped over costs
 
 PLACES = (
     "sanity:validation_step",
@@ -142,14 +151,74 @@ def expected(scenario: str, world: int) -> tuple[str, str | tuple[str, ...]]:
 Outcomes = Callable[[int, str], dict[int, dict[str, Any]]]
 
 
-def _run(world: int, out: Path) -> tuple[int | None, str]:
-    out.mkdir(parents=True)
-    scenarios = WORLDS[world]
-    env = clean_env(PORTS=",".join(map(str, server_ports(len(scenarios)))))
-    job = Job([sys.executable, str(SCRIPT), str(out), str(world), *scenarios], env, out / "job.log")
-    code = job.wait(JOB_TIMEOUT)
-    job.kill()
-    return code, job.output(12000)
+def _outcomes(out: Path) -> set[str]:
+    return {path.name for path in out.glob("*.json")}
+
+
+def _missing(out: Path, world: int, scenario: str) -> list[int]:
+    return [rank for rank in range(world) if not (out / f"{scenario}.{rank}.json").exists()]
+
+
+class _Run:
+    """A world's jobs: the first runs every scenario; after a hang, the next runs the scenarios after the hung one."""
+
+    def __init__(self, world: int, out: Path) -> None:
+        self.world, self.out = world, out
+        self.hangs: dict[str, str] = {}  # scenario: what the job said then (its stacks)
+        self.code: int | None = 0
+        self.output = ""
+
+    def run(self) -> None:
+        self.out.mkdir(parents=True)
+        scenarios, deadline = WORLDS[self.world], time.monotonic() + WORLD_TIMEOUT
+        for launch in range(RELAUNCHES + 1):
+            hung = self._job(scenarios, self.out / f"job{launch}.log", deadline)
+            if hung is None:
+                return
+            if hung not in scenarios:  # every scenario ended, but the job did not
+                self.code, self.output = None, self.hangs.pop(hung)
+                return
+            scenarios = scenarios[scenarios.index(hung) + 1 :]
+            if not scenarios:
+                return
+
+    def _job(self, scenarios: list[str], log: Path, deadline: float) -> str | None:
+        """Run ``scenarios`` in one job; the scenario it hung in (no new outcome for ``STALLED`` seconds), if any."""
+        env = clean_env(PORTS=",".join(map(str, server_ports(len(scenarios)))))
+        job = Job([sys.executable, str(SCRIPT), str(self.out), str(self.world), *scenarios], env, log)
+        seen, since = _outcomes(self.out), time.monotonic()
+        while job.wait(1.0) is None and time.monotonic() < deadline:
+            now = _outcomes(self.out)
+            if now != seen:
+                seen, since = now, time.monotonic()
+            elif time.monotonic() - since > STALLED:
+                return self._hang(job, scenarios)
+        self.code = job.wait(0)
+        job.kill()
+        self.output = job.output(12000)
+        return None
+
+    def _hang(self, job: Job, scenarios: list[str]) -> str:
+        """Have every rank write its stacks (the script's SIGUSR2 handler), say so in the job's log, end the job."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(job.process.pid, signal.SIGUSR2)
+        time.sleep(5.0)  # the handlers write at once, even on a rank blocked in C++: this is plenty
+        hung = next((scenario for scenario in scenarios if _missing(self.out, self.world, scenario)), "its exit")
+        stacks = "".join(f"--- rank {rank}'s Python stacks ---\n{self._stacks(rank)}\n" for rank in range(self.world))
+        note = (
+            f"pitfall_matrix: no scenario ended for {STALLED:.0f} s: {hung} hangs (no outcome from ranks "
+            f"{_missing(self.out, self.world, hung)}); every rank's Python stacks:\n{stacks}"
+        )
+        before = job.output(6000)
+        with job.log.open("a") as handle:
+            handle.write(f"\n{note}")
+        job.kill()
+        self.hangs[hung] = f"{note}\n--- the job's output before ---\n{before}"
+        return hung
+
+    def _stacks(self, rank: int) -> str:
+        path = self.out / f"stacks.{rank}.txt"
+        return (path.read_text(errors="replace") if path.exists() else "") or "(none: the rank did not answer)"
 
 
 @pytest.fixture(scope="module")
@@ -158,24 +227,26 @@ def outcomes(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
     mine = [item for item in request.session.items if getattr(item, "module", None) is request.module]
     selected = {item.callspec.params["world"] for item in mine}
     root = tmp_path_factory.mktemp("pitfalls")
+    runs = {world: _Run(world, root / f"world{world}") for world in sorted(selected)}
     with ThreadPoolExecutor(max_workers=len(WORLDS)) as pool:
-        jobs: dict[int, Future[tuple[int | None, str]]] = {
-            world: pool.submit(_run, world, root / f"world{world}") for world in sorted(selected)
-        }
+        jobs: dict[int, Future[None]] = {world: pool.submit(run.run) for world, run in runs.items()}
 
         def read(world: int, scenario: str) -> dict[int, dict[str, Any]]:
-            code, output = jobs[world].result()
-            found = {rank: root / f"world{world}" / f"{scenario}.{rank}.json" for rank in range(world)}
-            missing = [rank for rank, path in found.items() if not path.exists()]
-            assert code == 0 and not missing, f"job of {world} ranks: exit {code}, no outcome of {missing}:\n{output}"
-            return {rank: json.loads(path.read_text()) for rank, path in found.items()}
+            jobs[world].result()
+            run = runs[world]
+            assert scenario not in run.hangs, run.hangs[scenario]
+            missing = _missing(run.out, world, scenario)
+            assert run.code == 0 and not missing, (
+                f"job of {world} ranks: exit {run.code}, no outcome of {missing}:\n{run.output}"
+            )
+            return {rank: json.loads((run.out / f"{scenario}.{rank}.json").read_text()) for rank in range(world)}
 
         yield read
         pool.shutdown(cancel_futures=True)
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(2 * JOB_TIMEOUT)
+@pytest.mark.timeout(WORLD_TIMEOUT + 600)  # the first test of a world waits for its jobs
 @pytest.mark.parametrize(
     ("world", "scenario"), [(world, scenario) for world, scenarios in WORLDS.items() for scenario in scenarios]
 )

@@ -148,6 +148,45 @@ def lockstep_verdicts(namespace: str, identities: list[Any]) -> list[Any]:
     return results
 
 
+def check_filled_before_posted_is_read(namespace: str, busy: float) -> dict[str, Any]:
+    """Ranks 1 and 2 wait in a check that rank 0 never starts; rank 0 posts an error, and its watchdog completes their
+    check (the fillers), while rank 2's watchdog is busy for ``busy`` seconds (a handler that sleeps), so it has not
+    read the error when its check completes. Each rank returns the error it raised and after how many seconds."""
+    import time
+
+    import torch.distributed as dist
+
+    from lightning_ext import errors
+    from lightning_ext._checks.lockstep import Lockstep
+    from lightning_ext._checks.points import Point
+    from lightning_ext._collective import CheckChannel
+    from lightning_ext._watch.facts import Recorder
+    from lightning_ext._watch.watchdog import ErrorRecord, Watchdog
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    watchdog = Watchdog(namespace, Recorder(rank, world, None))
+    watchdog.handlers["busy"] = lambda message: time.sleep(busy)
+    lockstep = Lockstep(CheckChannel(watchdog.store, rank, world), watchdog, lambda: None)
+    dist.barrier()
+    started = time.monotonic()
+    try:
+        if rank == 2:
+            watchdog.notify(rank, "busy")
+        if rank == 0:  # once the others say they wait (after the check's first 2 s), post the error
+            watchdog.store.wait([f"pending/{other}" for other in range(1, world)])  # type: ignore[attr-defined]
+            message = "rank 0 stands for a rank stuck elsewhere"
+            watchdog.post(ErrorRecord("DivergentCollectiveError", message, rank))
+            raise errors.DivergentCollectiveError(message)
+        lockstep.require(Point("collective", ("barrier",), "strategy.barrier()"))
+        outcome: dict[str, Any] = {"error": None}
+    except Exception as error:
+        outcome = {"error": type(error).__name__, "message": str(error)}
+    outcome["seconds"] = time.monotonic() - started
+    watchdog.stop()
+    lockstep.close()
+    return outcome
+
+
 def lockstep_close(namespace: str) -> None:
     """Stop the watchdog and close the links of ``namespace``'s Lockstep."""
     lockstep = _LOCKSTEPS.pop(namespace)

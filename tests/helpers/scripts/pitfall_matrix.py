@@ -19,12 +19,16 @@ The Trainer is the default one (sanity check, checkpointing and logger on) with 
 Lightning's default launcher. Every rank runs every scenario in order and writes ``OUT_DIR/<scenario>.<rank>.json``
 (``error``, ``message``, ``diverged``: when this rank reached the pitfall, ``ended``: when it raised). Between two
 scenarios every rank leaves the process group and the next fit starts a new one (on the next port of ``PORTS``), so
-a rank left blocked in a collective by one scenario is released before the next.
+a rank left blocked in a collective by one scenario is released before the next. Each rank says in the log which
+scenario it starts, and writes every thread's Python stack to ``OUT_DIR/stacks.<rank>.txt`` on ``SIGUSR2`` (what the
+test sends the job when no scenario has ended for a long time: a hang).
 """
 
+import faulthandler
 import gc
 import json
 import os
+import signal
 import sys
 import time
 
@@ -156,13 +160,27 @@ def run(scenario: str, out: str, devices: int) -> dict[str, object]:
     return {**outcome, "diverged": model.diverged, "ended": time.time(), "rank": trainer.global_rank}
 
 
+def dump_stacks_on_signal(stacks: object) -> None:
+    """On SIGUSR2, write every thread's Python stack to ``stacks``, in C: a rank blocked in a collective (or holding
+    the GIL) still answers. Again in every scenario: a fit's end gives every signal back the handler Python knew, the
+    default here, which faulthandler's own ``register`` does not notice. (SIGUSR1 is Lightning's SLURM signal, which
+    lightning-ext notes during a fit in a Python handler.)"""
+    faulthandler.unregister(signal.SIGUSR2)
+    faulthandler.register(signal.SIGUSR2, file=stacks, all_threads=True)
+
+
 def main() -> None:
     out, devices, scenarios = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
     ports = os.environ["PORTS"].split(",")
+    rank = int(os.environ.get("LOCAL_RANK", "0"))  # Lightning's launcher starts ranks 1, 2, ... with it set
+    stacks = open(os.path.join(out, f"stacks.{rank}.txt"), "w")  # noqa: SIM115 (open for the whole job)
     for scenario, port in zip(scenarios, ports, strict=False):
+        print(f"pitfall_matrix: rank {rank} starts {scenario}", flush=True)
+        dump_stacks_on_signal(stacks)
         os.environ["MASTER_PORT"] = port
         cpu, started = time.process_time(), time.time()
         outcome = run(scenario, out, devices)
+        dump_stacks_on_signal(stacks)  # and while it leaves the process group
         outcome["started"] = started
         outcome["cpu"] = time.process_time() - cpu  # this rank's CPU seconds in the scenario (what it costs a suite)
         with open(os.path.join(out, f"{scenario}.{outcome['rank']}.json"), "w") as handle:
