@@ -159,14 +159,17 @@ def check_filled_before_posted_is_read(namespace: str, busy: float) -> dict[str,
     from lightning_ext import errors
     from lightning_ext._checks.lockstep import Lockstep
     from lightning_ext._checks.points import Point
-    from lightning_ext._collective import CheckChannel
+    from lightning_ext._collective import CheckChannel, default_store
+    from lightning_ext._network import Place
     from lightning_ext._watch.facts import Recorder
     from lightning_ext._watch.watchdog import ErrorRecord, Watchdog
 
     rank, world = dist.get_rank(), dist.get_world_size()
     watchdog = Watchdog(namespace, Recorder(rank, world, None))
     watchdog.handlers["busy"] = lambda message: time.sleep(busy)
-    lockstep = Lockstep(CheckChannel(watchdog.store, rank, world), watchdog, lambda: None)
+    channel = CheckChannel(rank, world)
+    channel.connect(default_store(namespace), Place("127.0.0.1"), 60.0)
+    lockstep = Lockstep(channel, watchdog, lambda: None)
     dist.barrier()
     started = time.monotonic()
     try:
