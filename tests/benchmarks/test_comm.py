@@ -198,17 +198,18 @@ def test_smoke_collectives_are_counted(smoke: tuple[Path, subprocess.CompletedPr
     assert steps["training_step/stock_twin"]["collectives_by_name"] == stock_calls
     for config in ("stock_tensorboard", "stock_mlflow", "stock_wandb"):
         assert steps[f"training_step/{config}"]["collectives_by_name"] == stock_calls, config
-    # without the checks and the stall report: the synced value's all-reduce without _sync_ddp's barrier (the
-    # coalesced sync), and Lightning's broadcast (no watchdog, so no coordinated stop); per-rank files, telemetry and
-    # the event files add none
+    # without the checks and the stall report no torch.distributed function is replaced: stock's calls exactly,
+    # _sync_ddp's barrier included, and Lightning's broadcast (no watchdog, so no coordinated stop); per-rank files,
+    # telemetry and the event files add none
     for config in ("per_rank_metrics", "telemetry", "stall_off", "tensorboard", "mlflow", "wandb"):
-        assert steps[f"training_step/{config}"]["collectives_by_name"] == {"all_reduce": 1, "broadcast": 1}, config
-    # the stall report's watchdog carries the coordinated stop: no per-step broadcast; its counters add none
+        assert steps[f"training_step/{config}"]["collectives_by_name"] == stock_calls, config
+    # the stall report's counting wrappers skip _sync_ddp's barrier (the training thread's) and its watchdog carries
+    # the coordinated stop: no per-step broadcast
     assert steps["training_step/stall_report"]["collectives_by_name"] == {"all_reduce": 1}
-    # the default checks: one check for the step's synced values however many, which carries them (CPU tensors on
-    # gloo), and no per-step broadcast (the coordinated stop needs none)
+    # the default checks: one check for the step's synced values however many, then one all-reduce per reduce op and
+    # dtype (here one), and no per-step broadcast (the coordinated stop needs none)
     for config in ("hang_checks", "hang_checks_5_synced", "hang_checks_debug"):
-        assert steps[f"training_step/{config}"]["collectives_by_name"] == {"check": 1}, config
+        assert steps[f"training_step/{config}"]["collectives_by_name"] == {"all_reduce": 1, "check": 1}, config
     five, one = steps["training_step/stock_5_synced"]["collectives_by_name"], stock["collectives_by_name"]
     assert five["barrier"] - one["barrier"] == five["all_reduce"] - one["all_reduce"] == 4  # four more synced values
     extra = [t for t in document["targets"] if t["name"] == "extra collectives per logging step"]

@@ -47,9 +47,25 @@ def free_port() -> int:
         return port
 
 
+_HANDED_OUT: set[int] = set()  # every port server_ports gave in this process: never given twice
+_HANDING_OUT = threading.Lock()
+
+
 def server_ports(count: int) -> list[int]:
     """``count`` ports free now, below the range the system hands out to outgoing connections: a job that opens a
-    server on each in turn, over minutes, does not find one taken by a connection (as a ``free_port()`` can be)."""
+    server on each in turn, over minutes, does not find one taken by a connection (as a ``free_port()`` can be).
+
+    Never a port given before in this process: jobs started together (the pitfall matrix's, one per world size) each
+    get ports of their own. Two lists drawn from one slice shared ports; a job whose rank 0 then found its port taken
+    failed there at once, and its other ranks joined the other job's store and waited 30 minutes (CI's hang).
+    """
+    with _HANDING_OUT:
+        ports = _free_ports(count, _HANDED_OUT)
+        _HANDED_OUT.update(ports)
+    return ports
+
+
+def _free_ports(count: int, taken: set[int]) -> list[int]:
     try:
         low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     except (OSError, ValueError, IndexError):
@@ -61,6 +77,8 @@ def server_ports(count: int) -> list[int]:
     size = (low - start) // workers
     ports: list[int] = []
     for port in random.sample(range(start + worker * size, start + (worker + 1) * size), size):
+        if port in taken:
+            continue
         with socket.socket() as sock:
             try:
                 sock.bind(("127.0.0.1", port))
