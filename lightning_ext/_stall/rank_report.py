@@ -25,7 +25,9 @@ if TYPE_CHECKING:  # the recorder counts with torch.distributed; a report is pla
 __all__ = ["Liveness", "RankReport", "checkpoint_work", "collect", "launched", "liveness", "progress_marks"]
 
 _LOGGED_KEYS = 6  # the last logged keys a report shows
-_REAP_WAIT = 2.0  # seconds for an ended child's exit status (the thread reaping it holds the lock a moment)
+# seconds for an ended child's exit status (the thread reaping it holds the lock a moment; 2 s ran out on a loaded
+# machine, and the report said "its process exited" where it could name the signal)
+_REAP_WAIT = 10.0
 
 
 @dataclass(frozen=True)
