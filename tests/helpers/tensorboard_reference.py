@@ -32,6 +32,20 @@ def event_files(directory: str | Path) -> list[str]:
     return sorted(str(path) for path in Path(directory).glob("events.out.tfevents.*"))
 
 
+def next_second() -> None:
+    """Wait until the wall clock's second changes (at most a second).
+
+    An event file's name is ``events.out.tfevents.<second>.<host>.<pid>.<counter>``, the counter the process's count of
+    writers, as text; TensorBoard reads a directory's files in name order. A resumed run in a new process starts at a
+    later second or under another pid; two runs in one process within one second (a test's rank pool) differ only by
+    the counter, and ``...10`` sorts before ``...9``. A test that runs both in one process waits for the next second
+    between them, as any real resume would be.
+    """
+    start = int(time.time())
+    while int(time.time()) == start:
+        time.sleep(0.01)
+
+
 def read_scalars(directory: str | Path) -> Scalars:
     """Every scalar of every event file directly in ``directory``, by tag, as written (duplicates kept)."""
     found: Scalars = {}

@@ -21,7 +21,7 @@ import pytest
 
 from tests.helpers.metrics_reference import comparable, expected_cells, file_cells, forked
 from tests.helpers.tensorboard_reference import cells as event_cells
-from tests.helpers.tensorboard_reference import event_files, read_scalars
+from tests.helpers.tensorboard_reference import event_files, next_second, read_scalars
 
 pytestmark = pytest.mark.slow
 
@@ -158,6 +158,7 @@ def test_mid_epoch_resume_keeps_each_step_once_in_the_event_files(rank_pools: An
     before = {rank: read_scalars(run_dir / f"rank_{rank}") for rank in range(WORLD)}
     assert all(max(step for step, _ in found["loss_step"]) == 3 for found in before.values())  # past the checkpoint
     checkpoint = tmp_path / "ckpt" / "epoch=0-step=2.ckpt"
+    next_second()  # the resumed run's event file sorts after the cut run's, in TensorBoard's order, as in a new process
     pool.run("tests.helpers.logging_scenarios:fit", (str(tmp_path), script), ckpt_path=str(checkpoint), **common)
 
     step_columns = {forked(e, True) for e in script["train"] if e["options"]["on_step"]}
