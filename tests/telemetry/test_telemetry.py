@@ -27,9 +27,13 @@ GOLDEN = Path(__file__).parent / "golden"
 
 @pytest.fixture(scope="module")
 def slowed_run(rank_pools: Any, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict[str, Any]]]:
-    """One 3-rank fit: rank 1 slow in data loading, rank 2 slow in its training step; every batch sampled."""
+    """One 4-rank fit: rank 1 slow in data loading, rank 2 slow in its training step; every batch sampled.
+
+    Four ranks, so that each straggler's "others" hold two ranks that are not slow: with three, rank 1's others were
+    rank 0 and rank 2, their median half a straggler, and rank 2's noise on a loaded machine could hide rank 1.
+    """
     root = tmp_path_factory.mktemp("slowed")
-    results = rank_pools(3).run(
+    results = rank_pools(4).run(
         "tests.helpers.telemetry_tasks:fit", (str(root),), timeout=180, slow_data=1, slow_compute=2, delay=DELAY
     )
     return Path(results[0]["log_dir"]), results
@@ -66,7 +70,7 @@ def test_every_rank_has_every_column_with_plausible_values(slowed_run: tuple[Pat
     log_dir, results = slowed_run
     table = read_rank_metrics(log_dir)
     memory = psutil.virtual_memory().total
-    for rank in range(3):
+    for rank in range(4):
         rows = table[(table["rank"] == rank) & table["telemetry/step_s"].notna()]
         assert list(rows["step"]) == list(range(BATCHES))  # one row per batch, at Lightning's logging step
         phases = rows[[f"telemetry/{name}" for name in PHASES]]
@@ -90,7 +94,7 @@ def test_every_rank_has_every_column_with_plausible_values(slowed_run: tuple[Pat
         slow = table[(table["rank"] == 2) & table["telemetry/step_s"].notna()]["telemetry/forward_s"].median()
         assert rank == 2 or rows["telemetry/forward_s"].median() < slow - DELAY / 2
     hosts = read_rank_hosts(log_dir)
-    assert hosts["host"].tolist() == [socket.gethostname()] * 3
+    assert hosts["host"].tolist() == [socket.gethostname()] * 4
     assert hosts["pid"].tolist() == [result["pid"] for result in results]
     assert (hosts["host_memory_bytes"] == memory).all()
 
