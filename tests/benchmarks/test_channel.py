@@ -17,6 +17,10 @@ import pytest
 
 from benchmarks.channel import model
 
+pytestmark = (
+    pytest.mark.ci
+)  # benchmark smoke runs: minutes of start-up CPU on 2 cores, so make test leaves them to CI (make test-ci)
+
 REPO = Path(__file__).resolve().parents[2]
 
 

@@ -14,6 +14,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = (
+    pytest.mark.ci
+)  # benchmark smoke runs: minutes of start-up CPU on 2 cores, so make test leaves them to CI (make test-ci)
+
 REPO = Path(__file__).resolve().parents[2]
 
 

@@ -23,6 +23,10 @@ from benchmarks.comm.report import Row, Target, check_targets, median_interval
 from lightning_ext import available_policies
 from tests.helpers.jobs import run_benchmark_smoke
 
+pytestmark = (
+    pytest.mark.ci
+)  # benchmark smoke runs: minutes of start-up CPU on 2 cores, so make test leaves them to CI (make test-ci)
+
 REPO = Path(__file__).resolve().parents[2]
 POLICIES = ("all", "any", "majority", "rank_zero", "mean", "min", "max")
 DECISION_SUBJECTS = {f"{path}/{name}" for path in ("checkpoint", "early_stopping") for name in ("stock", *POLICIES)}

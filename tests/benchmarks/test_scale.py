@@ -14,6 +14,10 @@ import pytest
 
 from tests.helpers.jobs import run_benchmark_smoke
 
+pytestmark = (
+    pytest.mark.ci
+)  # benchmark smoke runs: minutes of start-up CPU on 2 cores, so make test leaves them to CI (make test-ci)
+
 REPO = Path(__file__).resolve().parents[2]
 
 

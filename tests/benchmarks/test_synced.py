@@ -13,6 +13,10 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = (
+    pytest.mark.ci
+)  # benchmark smoke runs: minutes of start-up CPU on 2 cores, so make test leaves them to CI (make test-ci)
+
 REPO = Path(__file__).resolve().parents[2]
 
 

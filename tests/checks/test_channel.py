@@ -20,6 +20,10 @@ import pytest
 from tests.helpers.hosts import ADDRESSES, INTERFACE, skip_unless_possible, two_hosts
 from tests.helpers.jobs import REPO, Job, clean_env
 
+pytestmark = (
+    pytest.mark.ci
+)  # launched jobs: minutes of start-up CPU on 2 cores, so make test leaves them to CI (make test-ci)
+
 SCRIPT = REPO / "tests" / "helpers" / "scripts" / "channel_job.py"
 TIMEOUT = 150.0  # a job that runs longer has hung
 BOUND = 60.0  # seconds a failing channel may take to be reported (5 s allowed; only a 30-minute wait breaks this)

@@ -25,6 +25,10 @@ import pytest
 from lightning_ext.demo.pitfalls import run_pitfall
 from tests.helpers.jobs import REPO, Job, StaggeredJobs, clean_env, two_node_torchrun
 
+pytestmark = (
+    pytest.mark.ci
+)  # launched jobs: minutes of start-up CPU on 2 cores, so make test leaves them to CI (make test-ci)
+
 SCRIPT = REPO / "tests" / "helpers" / "scripts" / "hang_scenarios.py"
 # Seconds from the first rank reaching the divergence to the last rank's error: so generous that only a hang breaks
 # it. A check ends these scenarios in a few seconds on a quiet machine (its first look is after 2 s); a hang lasts until

@@ -27,6 +27,10 @@ import pytest
 
 from tests.helpers.jobs import REPO, Job, clean_env, server_ports
 
+pytestmark = (
+    pytest.mark.ci
+)  # launched jobs: minutes of start-up CPU on 2 cores, so make test leaves them to CI (make test-ci)
+
 SCRIPT = REPO / "tests" / "helpers" / "scripts" / "pitfall_matrix.py"
 # Seconds from the first rank reaching the pitfall to the last rank's error: so generous that only a hang breaks it. A
 # check ends a scenario in a few seconds on a quiet machine; a hang lasts until the process group's timeout (30

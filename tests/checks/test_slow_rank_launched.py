@@ -21,6 +21,10 @@ import pytest
 
 from tests.helpers.jobs import REPO, Job, clean_env, two_node_torchrun
 
+pytestmark = (
+    pytest.mark.ci
+)  # launched jobs: minutes of start-up CPU on 2 cores, so make test leaves them to CI (make test-ci)
+
 SCRIPT = REPO / "tests" / "helpers" / "scripts" / "slow_rank_job.py"
 TIMEOUT = 150.0
 

@@ -28,6 +28,10 @@ import pytest
 
 from tests.helpers.jobs import REPO, Job, StaggeredJobs, clean_env, two_node_torchrun
 
+pytestmark = (
+    pytest.mark.ci
+)  # launched jobs: minutes of start-up CPU on 2 cores, so make test leaves them to CI (make test-ci)
+
 SCRIPT = REPO / "tests" / "helpers" / "scripts" / "stall_job.py"
 STALL_TIMEOUT = 5.0  # the script's
 # Seconds from the stall to the last rank's error: so generous that only a hang breaks it. The report comes after the

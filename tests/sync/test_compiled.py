@@ -16,6 +16,10 @@ import pytest
 
 from tests.helpers.jobs import REPO, Job, clean_env
 
+pytestmark = (
+    pytest.mark.ci
+)  # launched jobs: minutes of start-up CPU on 2 cores, so make test leaves them to CI (make test-ci)
+
 SCRIPT = REPO / "tests" / "helpers" / "scripts" / "compiled_job.py"
 TIMEOUT = 240.0
 
