@@ -24,8 +24,8 @@ setup:
 demo: setup
 	.venv/bin/python -m lightning_ext.demo
 
-# every test but those marked `ci` (the patch series run natively: whole suites and jobs again, minutes each) and
-# `scale` (launched jobs of 16 ranks: make test-scale)
+# every test but those marked `ci` (launched jobs, benchmark smoke runs, the patch series run natively: their
+# processes' start-up alone is minutes of CPU on two cores) and `scale` (launched jobs of 16 ranks: make test-scale)
 test: setup
 	.venv/bin/python -m pytest $(PARALLEL) -m "not ci and not scale"
 
