@@ -67,8 +67,9 @@ def launch(config: str, world_size: int, plan: dict[str, Any], timeout_s: float)
                     process.kill()
                     process.wait()
         if codes != [0] * world_size:
-            errors = Path(work, "err-0.log").read_text()[-3000:]
-            raise RuntimeError(f"{config} at W={world_size}: exit codes {codes or 'timed out'}; rank 0:\n{errors}")
+            failed = [rank for rank, code in enumerate(codes) if code != 0] or [0]  # timed out: rank 0's
+            errors = "".join(f"rank {r}:\n{Path(work, f'err-{r}.log').read_text()[-3000:]}" for r in failed[:2])
+            raise RuntimeError(f"{config} at W={world_size}: exit codes {codes or 'timed out'}; {errors}")
         ranks = [json.loads(Path(work, f"rank-{rank}.json").read_text()) for rank in range(world_size)]
         return {"launched": started, "ranks": ranks}
 

@@ -156,6 +156,11 @@ def main() -> None:
     found = {"rank": rank, "started": STARTED, "imported": IMPORTED, "fits": fits, "spent": spent}
     with open(os.path.join(OUT, f"rank-{rank}.json"), "w") as handle:
         json.dump(found, handle)
+    if torch.distributed.is_initialized():  # every configuration alike, after the measurements
+        # rank 0 hosts the store: a rank still tearing down when rank 0 exits aborted ("terminate called without an
+        # active exception", exit -6, stock as well), so the ranks leave together and close the group first
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
