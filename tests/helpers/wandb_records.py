@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -103,6 +104,16 @@ def _items(items: Any) -> dict[str, Any]:
     return found
 
 
-def offline_runs(directory: str | Path) -> list[OfflineRun]:
-    """Every run under ``directory`` (``wandb/offline-run-*/run-*.wandb``), by file name."""
-    return [read_run(path) for path in sorted(Path(directory).rglob("run-*.wandb"))]
+def offline_runs(directory: str | Path, *, finished: int = 0, timeout: float = 60.0) -> list[OfflineRun]:
+    """Every run under ``directory`` (``wandb/offline-run-*/run-*.wandb``), by file name.
+
+    ``finished``: wait (``timeout`` seconds at most) until that many runs hold their exit record. ``run.finish()``
+    returns before W&B's own process has written everything to the file (CI once read a main run's file that held
+    only its header); W&B's sync reads the files once that process is done with them.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        runs = [read_run(path) for path in sorted(Path(directory).rglob("run-*.wandb"))]
+        if sum(run.exit_code is not None for run in runs) >= finished or time.monotonic() > deadline:
+            return runs
+        time.sleep(0.1)

@@ -85,9 +85,10 @@ def test_wandb_offline_shows_a_run_per_rank_grouped_by_the_main_run(rank_pools: 
     results = _fit(rank_pools(WORLD), tmp_path, ["wandb"])
     assert [r["warnings"] for r in results] == [[]] * WORLD
     main = results[0]["runs"]["wandb"]["id"]
-    runs = offline_runs(tmp_path / "wandb")
+    runs = offline_runs(tmp_path / "wandb", finished=1 + WORLD)  # the main run and every rank's, all finished
     # exactly one copy of the main run (no other rank made one), and one run per rank
-    assert sorted(run.id for run in runs) == sorted([main] + [f"{main}-rank_{rank}" for rank in range(WORLD)])
+    found = {run.path.relative_to(tmp_path).as_posix(): (run.id, run.exit_code, len(run.history)) for run in runs}
+    assert sorted(run.id for run in runs) == sorted([main] + [f"{main}-rank_{rank}" for rank in range(WORLD)]), found
     ranks = {run.name: run for run in runs if run.id != main}
     assert sorted(ranks) == [f"rank_{rank}" for rank in range(WORLD)]
     for rank in range(WORLD):
