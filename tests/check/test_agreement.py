@@ -30,6 +30,8 @@ from lightning_ext.check.codes import BY_CODE
 from tests.helpers.check_corpus import expected_findings, programs, run_settings
 from tests.helpers.jobs import REPO, Job, clean_env, server_ports
 
+pytestmark = pytest.mark.ci  # launched jobs, minutes of start-up CPU: make test leaves them to CI (make test-ci)
+
 SCRIPT = REPO / "tests" / "helpers" / "scripts" / "check_programs.py"
 JOB_TIMEOUT = 600.0  # one job's programs, in seconds (about 40 s on a quiet 2-core machine)
 JOBS = 3

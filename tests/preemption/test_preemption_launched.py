@@ -25,6 +25,8 @@ import pytest
 from tests.helpers.jobs import REPO, Job, clean_env, free_port
 from tests.helpers.preemption_tasks import mark, rank_rows
 
+pytestmark = pytest.mark.ci  # launched jobs, minutes of start-up CPU: make test leaves them to CI (make test-ci)
+
 SCRIPT = REPO / "tests" / "helpers" / "scripts" / "preemption_job.py"
 RUN_TIMEOUT = 150.0
 SIGNAL_FROM_BATCH = 2  # rank 1 is signalled once it has started this many training batches (or more)
