@@ -4,7 +4,7 @@ import functools
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from lightning_ext._checks.lockstep import Lockstep
@@ -26,6 +26,7 @@ __all__ = [
 ]
 
 _STATE = "_lightning_ext_checks"
+_PACKS_KEPT = 256  # distinct packs whose points are kept (a run has one per hook that logs synced values)
 _UNKNOWN = "an unknown line"  # where a value was logged, when it was logged before the checks started
 
 
@@ -58,6 +59,9 @@ class LogChecks:
     phase: str = ""  # "step" or "epoch"
     part: int = 0  # the how-many-th sync of this metric in this phase (a mean syncs its sum, then its count)
     covered: bool = False  # an epoch round's check already covered the per-key syncs
+    # each hook's pack of step values, checked every step: its point, built once (keyed by the metrics' ids, which
+    # the kept list of the metrics themselves holds on to, so that no id is reused while its entry lives)
+    packs: dict[tuple[Any, ...], tuple[list[Any], Point]] = field(default_factory=dict)
 
 
 _ACTIVE: LogChecks | None = None
@@ -147,14 +151,24 @@ def check_pack(checks: LogChecks, metrics: Sequence[Any], layout: tuple[Any, ...
     """Check the step values that a hook logged, about to sync together: the same keys, synced in the same order, at
     the same batch, packed alike (``layout``: each pack's op, dtype, size, device), on every rank (the coalesced sync's
     one check per hook)."""
+    cache = checks.packs
+    key = (*map(id, metrics), layout)
+    found = cache.get(key)
+    if found is None:
+        if len(cache) >= _PACKS_KEPT:
+            cache.clear()
+        found = cache[key] = (list(metrics), _pack_point(metrics, layout))
+    label = functools.partial(batch_label, checks.trainer)
+    checks.lockstep.require(found[1], checks.lockstep.recorder.batches, label)
+
+
+def _pack_point(metrics: Sequence[Any], layout: tuple[Any, ...]) -> Point:
     entries = [_entry(metric) for metric in metrics]
     keys = tuple((entry["fx"], entry["name"], entry["dataloader"], entry["reduce"]) for entry in entries)
     names = ", ".join(repr(entry["name"]) for entry in entries)
     where = f"the step sync of {names} logged in {entries[0]['fx']}"
     identity = ("step_logs", keys, layout)  # packs of another dtype would meet in one all-reduce
-    point = Point("step_logs", identity, where, entries, call=entries[0]["call"], site=entries[0]["site"])
-    label = functools.partial(batch_label, checks.trainer)
-    checks.lockstep.require(point, checks.lockstep.recorder.batches, label)
+    return Point("step_logs", identity, where, entries, call=entries[0]["call"], site=entries[0]["site"])
 
 
 def batch_label(trainer: Any) -> str:

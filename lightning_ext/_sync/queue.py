@@ -109,10 +109,7 @@ class SyncQueue:
         packs: dict[tuple[str, torch.dtype, torch.device], list[Held]] = {}
         for one in held:
             packs.setdefault(pack_key(one), []).append(one)
-        packed = [
-            (op, members, torch.cat([one.tensor.reshape(1) for one in members]))
-            for (op, _, _), members in packs.items()
-        ]
+        packed = [(op, members, _pack(members)) for (op, _, _), members in packs.items()]
         layout = tuple((op, str(t.dtype).removeprefix("torch."), t.numel(), t.device.type) for op, _, t in packed)
         self._before_pack([one.metric for one in held], phase, layout)
         for index, (reduce_op, members, tensor) in enumerate(packed):
@@ -121,9 +118,19 @@ class SyncQueue:
             else:
                 packed[index] = (reduce_op, members, self._reduce(tensor, reduce_op))
         for _, members, tensor in packed:
+            if len(members) == 1 and tensor.data_ptr() == members[0].tensor.data_ptr():
+                continue  # a lone value was reduced in place, as Lightning's own sync does
             targets = [one.tensor for one in members]
             results = [part.view(target.shape) for part, target in zip(tensor, targets, strict=True)]
             torch._foreach_copy_(targets, results)
+
+
+def _pack(members: list[Held]) -> Tensor:
+    """The values of one all-reduce, flat: a lone value as a view of itself (synced in place, with no copy in or out:
+    the one-value hook is the common case, and each copy is a kernel launch on a GPU), else concatenated."""
+    if len(members) == 1:
+        return members[0].tensor.reshape(1)
+    return torch.cat([one.tensor.reshape(1) for one in members])
 
 
 _EXTREMES = {"max": -math.inf, "min": math.inf}  # each extreme's neutral value

@@ -43,7 +43,14 @@ def coalescing() -> bool:
 
 
 def syncing(result_metric: Any, phase: str) -> AbstractContextManager[None]:
-    """Around ``_ResultMetric.forward`` (``"step"``) or ``compute`` (``"epoch"``): the value that syncs inside."""
+    """Around ``_ResultMetric.forward`` (``"step"``) or ``compute`` (``"epoch"``): the value that syncs inside.
+
+    Nothing, for a tensor value that Lightning does not sync (most logged values: its ``meta.sync`` is a no-op); a
+    torchmetrics metric syncs its own state, and the checks keep the line it was logged at for their messages.
+    """
+    how = result_metric.meta.sync
+    if result_metric.is_tensor and (not how.should or how.rank_zero_only):
+        return hang.UNCHECKED
     return _both(hang.syncing(result_metric, phase), sync.value_syncing(result_metric, phase))
 
 

@@ -200,8 +200,19 @@ def hook_end_seam(original: Callable[..., Any]) -> Callable[..., Any]:
 def callback_hooks_seam(original: Callable[..., None]) -> Callable[..., None]:
     @functools.wraps(original)
     def _call_callback_hooks(trainer: Any, hook_name: str, *args: Any, **kwargs: Any) -> None:
-        with _after_each_callback(trainer, hook_name):
+        own = getattr(getattr(trainer, "profiler", None), "__dict__", None)
+        if own is None or not seam_hooks.coalescing():
             original(trainer, hook_name, *args, **kwargs)
+        else:
+            previous = own.get("profile", _ABSENT)
+            own["profile"] = _CallbackBoundaries(trainer.profiler.profile, hook_name)
+            try:
+                original(trainer, hook_name, *args, **kwargs)
+            finally:
+                if previous is _ABSENT:
+                    own.pop("profile", None)
+                else:
+                    own["profile"] = previous
         seam_hooks.hook_ended()  # the last callback's values
 
     return _call_callback_hooks
@@ -210,34 +221,25 @@ def callback_hooks_seam(original: Callable[..., None]) -> Callable[..., None]:
 _ABSENT = object()
 
 
-@contextmanager
-def _after_each_callback(trainer: Any, hook_name: str) -> Iterator[None]:
-    """Within the block, the values a callback logged sync before the next callback's call of ``hook_name``.
+class _CallbackBoundaries:
+    """``trainer.profiler.profile`` while Lightning calls every callback's ``hook_name``: the values a callback logged
+    sync before the next callback's call.
 
     Lightning's loop (2.5 and 2.6) calls each callback inside ``trainer.profiler.profile("[Callback]<state_key>.<hook
     name>")``: for the loop's length that call first syncs what the callbacks before logged, and Lightning's own loop
-    runs as it is (the patched loop calls ``callback_ended`` after each callback instead).
+    runs as it is (the patched loop calls ``callback_ended`` after each callback instead). A plain object, not a
+    context manager and a closure: Lightning calls every callback hook several times a step.
     """
-    profiler: Any = getattr(trainer, "profiler", None)
-    own = getattr(profiler, "__dict__", None)
-    if own is None or not seam_hooks.coalescing():
-        yield
-        return
-    previous, profile, suffix = own.get("profile", _ABSENT), profiler.profile, f".{hook_name}"
 
-    def profile_after_the_callback_before(action_name: str) -> Any:
-        if action_name.startswith("[Callback]") and action_name.endswith(suffix):
+    __slots__ = ("profile", "suffix")
+
+    def __init__(self, profile: Callable[[str], Any], hook_name: str) -> None:
+        self.profile, self.suffix = profile, f".{hook_name}"
+
+    def __call__(self, action_name: str) -> Any:
+        if action_name.startswith("[Callback]") and action_name.endswith(self.suffix):
             seam_hooks.callback_ended()
-        return profile(action_name)
-
-    own["profile"] = profile_after_the_callback_before
-    try:
-        yield
-    finally:
-        if previous is _ABSENT:
-            own.pop("profile", None)
-        else:
-            own["profile"] = previous
+        return self.profile(action_name)
 
 
 def metrics_read_seam(original: Callable[..., Any]) -> Callable[..., Any]:
