@@ -275,6 +275,8 @@ def _verdict(row: Row, targets: list[Target]) -> str:
 
 
 def _short(target: Target) -> str:
+    if target.name == "extra collectives per logging step":
+        return f"≤ {target.limit:g} extra collectives/step"
     if target.comparison == "<=":
         return f"≤ {target.limit:.2f}x"
     unit = "/step extra" if "step" in target.name else "/decision"
