@@ -136,8 +136,10 @@ def summarize(everyone: Sequence[RankReport], failed: dict[int, str] | None = No
         ]
         others = [report for report in waiting if report not in [one for one, _ in odd]]
         return _sentence(parts, _tail(others, everyone, failed)), [report.rank for report, _ in odd]
-    behind = [report for report in everyone if waits(report, everyone) is None]
-    if behind and waiting:
+    # a rank whose collective failed was waiting in it until then (its process group's timeout, reached before the
+    # report under load): it is not behind, and the tail says where it failed
+    behind = [report for report in everyone if waits(report, everyone) is None and report.rank not in failed]
+    if behind and (waiting or failed):
         parts = [
             f"rank {report.rank} is behind: it has made no progress for {_seconds(report.since_progress)},"
             f" {_doing(report)}"

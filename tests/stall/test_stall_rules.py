@@ -146,6 +146,20 @@ def test_a_failed_collective_is_named_in_the_summary_with_where_its_rank_was() -
     )
 
 
+def test_a_rank_whose_collective_timed_out_is_not_behind_the_rank_that_computes() -> None:
+    # the process group's timeout came before the report (a loaded machine): rank 0's collective failed, so it no
+    # longer waits, and rank 1 still computes in training_step (a CI run once read "different collectives" here)
+    failing = RankReport(0, facts=Facts(0, backwards=3, progress=TRAINING), hook="backward", since_progress=14.0)
+    text, behind = summarize([failing, computing(1, 14.0)], {0: "RuntimeError: Timed out waiting 15000ms"})
+    assert behind == [1]
+    assert text == (
+        "Rank 1 is behind: it has made no progress for 14 s, computing in training_step at train.py:40 in"
+        " training_step, during training of epoch 0 (4 training batch(es) so far); rank 0's collective call failed"
+        " in backward, during training of epoch 0 (4 training batch(es) so far) (RuntimeError: Timed out waiting"
+        " 15000ms)."
+    )
+
+
 def test_every_rank_in_the_same_call_blames_the_backend() -> None:
     text, behind = summarize([in_call(0, 150.0, 7), in_call(1, 150.0, 7)])
     assert behind == []
