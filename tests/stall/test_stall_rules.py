@@ -160,6 +160,15 @@ def test_a_rank_whose_collective_timed_out_is_not_behind_the_rank_that_computes(
     )
 
 
+def test_at_four_ranks_the_rank_that_computes_is_behind_whichever_others_failed_or_wait() -> None:
+    failing = RankReport(0, facts=Facts(0, backwards=3, progress=TRAINING), hook="backward", since_progress=14.0)
+    others = [waiting_in_backward(2, 14.0), waiting_in_backward(3, 14.0)]
+    text, behind = summarize([failing, computing(1, 14.0), *others], {0: "RuntimeError: Timed out waiting 15000ms"})
+    assert behind == [1]
+    assert text.startswith("Rank 1 is behind: it has made no progress for 14 s, computing in training_step at")
+    assert "rank 2 waits for it in" in text and "rank 0's collective call failed in backward" in text
+
+
 def test_every_rank_in_the_same_call_blames_the_backend() -> None:
     text, behind = summarize([in_call(0, 150.0, 7), in_call(1, 150.0, 7)])
     assert behind == []
