@@ -24,11 +24,13 @@ def test_every_module_is_listed_in_the_architecture_page() -> None:
 _FOLDERS = {path.name for path in PACKAGE.iterdir() if path.is_dir() and (path / "__init__.py").is_file()}
 
 
-def test_the_top_level_holds_at_most_thirteen_modules_besides_the_subsystem_folders() -> None:
+def test_the_top_level_holds_at_most_fourteen_modules_besides_the_subsystem_folders() -> None:
     # thirteen since issue 39: where the checks' channel binds (_network.py) is imported by _collective.py, so it sits
-    # below it with _exchange_rounds.py and _rank_lists.py (the layers' contract), not in a subsystem's folder above it
+    # below it with _exchange_rounds.py and _rank_lists.py (the layers' contract), not in a subsystem's folder above it;
+    # fourteen since torch.distributed's calls are listed once (_torch_collectives.py) for the hang checks in _watch/
+    # and the static check in check/, which imports no subsystem: the list sits at the bottom, below both
     top = [module for module in MODULES if "/" not in module]
-    assert len(top) <= 13, top
+    assert len(top) <= 14, top
     assert {"_decisions", "_checks", "_stall", "_preemption", "_per_rank", "strategies", "patches", "demo"} <= _FOLDERS
 
 

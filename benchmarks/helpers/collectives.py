@@ -19,33 +19,13 @@ import torch
 import torch.distributed as dist
 
 from lightning_ext._collective import CheckChannel
+from lightning_ext._torch_collectives import COLLECTIVES as TORCH_COLLECTIVES
+from lightning_ext._torch_collectives import POINT_TO_POINT
 from lightning_ext._watch.facts import barrier_skipped_now
 
 __all__ = ["COLLECTIVES", "count_bytes", "count_collectives"]
 
-COLLECTIVES = (
-    "all_gather",
-    "all_gather_into_tensor",
-    "all_gather_object",
-    "all_reduce",
-    "all_to_all",
-    "all_to_all_single",
-    "barrier",
-    "broadcast",
-    "broadcast_object_list",
-    "gather",
-    "gather_object",
-    "irecv",
-    "isend",
-    "monitored_barrier",
-    "recv",
-    "reduce",
-    "reduce_scatter",
-    "reduce_scatter_tensor",
-    "scatter",
-    "scatter_object_list",
-    "send",
-)
+COLLECTIVES = (*TORCH_COLLECTIVES, *POINT_TO_POINT)  # every exchange, a point-to-point one too
 
 
 @contextmanager

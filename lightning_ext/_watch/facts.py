@@ -16,32 +16,13 @@ from typing import Any
 
 import torch.distributed as dist
 
+from lightning_ext._torch_collectives import COLLECTIVES
 from lightning_ext._watch.progress import progress_of
 from lightning_ext._watch.rank_facts import WORLD, Call, Facts
 from lightning_ext._watch.sites import called_as, user_site
 
-__all__ = ["COUNTED", "Recorder", "SignalConsumer", "barrier_skipped_now", "make_call"]
+__all__ = ["Recorder", "SignalConsumer", "barrier_skipped_now", "make_call"]
 
-# the torch.distributed collectives whose calls are counted (point-to-point calls are not: they are not symmetric)
-COUNTED = (
-    "all_gather",
-    "all_gather_into_tensor",
-    "all_gather_object",
-    "all_reduce",
-    "all_to_all",
-    "all_to_all_single",
-    "barrier",
-    "broadcast",
-    "broadcast_object_list",
-    "gather",
-    "gather_object",
-    "monitored_barrier",
-    "reduce",
-    "reduce_scatter",
-    "reduce_scatter_tensor",
-    "scatter",
-    "scatter_object_list",
-)
 SIGNALS = ("SIGTERM", "SIGINT", "SIGUSR1")
 
 
@@ -89,7 +70,7 @@ class Recorder:
         """Count the training thread's ``torch.distributed`` collective calls from now on."""
         global _ACTIVE
         _ACTIVE = self
-        for name in COUNTED:
+        for name in COLLECTIVES:  # point-to-point calls are not counted: they are not symmetric
             function = getattr(dist, name, None)
             if function is not None and not getattr(function, _MARK, False):
                 self._originals[name] = function

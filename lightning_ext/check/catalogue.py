@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from lightning_ext._torch_collectives import COLLECTIVES
+
 __all__ = [
     "CALLBACK_BASES",
     "COLLECTIVE_NAMES",
@@ -19,32 +21,9 @@ __all__ = [
     "TORCH_DISTRIBUTED",
 ]
 
-# the torch.distributed functions that every rank of the group must call (point-to-point calls are not listed: one
-# rank sends, another receives); tests/check/test_catalogue.py checks that the hang checks count each of these
+# the torch.distributed functions that every rank of the group must call: the hang checks count the same (one list)
 TORCH_DISTRIBUTED = "torch.distributed"
-TORCH_COLLECTIVES = frozenset(
-    {
-        "all_gather",
-        "all_gather_into_tensor",
-        "all_gather_object",
-        "all_reduce",
-        "all_to_all",
-        "all_to_all_single",
-        "barrier",
-        "broadcast",
-        "broadcast_object_list",
-        "gather",
-        "gather_object",
-        "monitored_barrier",
-        "reduce",
-        "reduce_scatter",
-        "reduce_scatter_tensor",
-        "scatter",
-        "scatter_object_list",
-        "_all_gather_base",
-        "_reduce_scatter_base",
-    }
-)
+TORCH_COLLECTIVES = frozenset(COLLECTIVES)
 # a Lightning strategy's collectives (``trainer.strategy.<name>``), each with its code
 STRATEGY_CODES = {
     "barrier": "LX203",

@@ -69,6 +69,7 @@ def test_the_pitfall_matrix_scripts_pitfalls_are_found_on_their_lines() -> None:
         "broadcast": "LX203",
         "all_gather": "LX204",
         "all_reduce": "LX205",
+        "all_gather_single": "LX205",
     }
     marked = {
         (number, codes[match.group(1)])

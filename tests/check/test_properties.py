@@ -53,6 +53,7 @@ CALLS = (
     ("{t}.strategy.all_gather(torch.ones(1))", "LX204", None),
     ("dist.all_reduce(torch.ones(1))", "LX205", None),
     ("dist.broadcast_object_list([1])", "LX205", None),
+    ("dist.all_gather_single(torch.zeros(2), torch.ones(1))", "LX205", None),
     ('print("rank zero")', None, None),
     ('open("notes.txt", "w").close()', None, None),
 )

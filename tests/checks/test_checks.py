@@ -18,6 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from lightning_ext._torch_collectives import COLLECTIVES
 from tests.helpers import hang_tasks, search
 from tests.helpers.hang_tasks import HOOKS
 
@@ -314,6 +315,17 @@ def test_collective_calls_are_counted_and_reported_while_a_rank_waits_in_one(ran
         assert outcome["counted"] == {"world": 2}
         assert outcome["after"] == {"world": 3} and outcome["total"] == 3
     assert outcomes[0]["seen"] == {"inside": "torch.distributed.all_reduce", "index": 3}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world", [2, 3])
+def test_each_collective_call_is_counted_once_and_no_point_to_point_call(rank_pools: Any, world: int) -> None:
+    """Every symmetric ``torch.distributed`` call counts once, the ``_single`` names torch 2.13 asks for instead of
+    ``all_gather_into_tensor`` and ``reduce_scatter_tensor`` among them (a rank-guarded call that was not counted
+    could not be named); a send, a receive, an isend or an irecv counts nothing."""
+    for outcome in rank_pools(world).run("tests.helpers.hang_tasks:count_each_collective"):
+        assert {name: count for name, count in outcome.items() if count != 1} == {"send/recv": 0, "isend/irecv": 0}
+        assert set(outcome) - {"send/recv", "isend/irecv"} == set(COLLECTIVES), "a listed call the task does not make"
 
 
 @pytest.mark.slow

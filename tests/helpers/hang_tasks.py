@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
+from collections.abc import Callable
 from typing import Any
 
 import lightning as L
@@ -255,6 +257,73 @@ def ledger(namespace: str) -> dict[str, Any]:
     finally:
         recorder.uninstall()
         watchdog.stop()
+
+
+def count_each_collective() -> dict[str, int]:
+    """Call each ``torch.distributed`` function once, as a user would, through a real Recorder: how many calls it
+    counted for each (the table is written here, by hand, from torch's documentation of each call)."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from lightning_ext._watch.facts import Recorder
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+
+    def ones(size: int = 1) -> torch.Tensor:
+        return torch.ones(size)
+
+    def parts() -> list[torch.Tensor]:
+        return [torch.zeros(1) for _ in range(world)]
+
+    calls: dict[str, Callable[[], object]] = {
+        "_all_gather_base": lambda: dist._all_gather_base(torch.zeros(world), ones()),
+        "_reduce_scatter_base": lambda: dist._reduce_scatter_base(torch.zeros(1), ones(world)),
+        "all_gather": lambda: dist.all_gather(parts(), ones()),
+        "all_gather_coalesced": lambda: dist.all_gather_coalesced([[torch.zeros(1)] for _ in range(world)], [ones()]),
+        "all_gather_into_tensor": lambda: dist.all_gather_into_tensor(torch.zeros(world), ones()),
+        "all_gather_object": lambda: dist.all_gather_object([None] * world, rank),
+        "all_gather_single": lambda: dist.all_gather_single(torch.zeros(world), ones()),
+        "all_reduce": lambda: dist.all_reduce(ones()),
+        "all_reduce_coalesced": lambda: dist.all_reduce_coalesced([ones(), ones(2)]),
+        "all_to_all": lambda: dist.all_to_all(parts(), [ones() for _ in range(world)]),
+        "all_to_all_single": lambda: dist.all_to_all_single(torch.zeros(world), ones(world)),
+        "barrier": lambda: dist.barrier(),
+        "broadcast": lambda: dist.broadcast(ones(), 0),
+        "broadcast_object_list": lambda: dist.broadcast_object_list([rank], 0),
+        "gather": lambda: dist.gather(ones(), parts() if rank == 0 else None, 0),
+        "gather_object": lambda: dist.gather_object(rank, [None] * world if rank == 0 else None, 0),
+        "monitored_barrier": lambda: dist.monitored_barrier(timeout=timedelta(seconds=60)),
+        "reduce": lambda: dist.reduce(ones(), 0),
+        "reduce_scatter": lambda: dist.reduce_scatter(torch.zeros(1), [ones() for _ in range(world)]),
+        "reduce_scatter_single": lambda: dist.reduce_scatter_single(torch.zeros(1), ones(world)),
+        "reduce_scatter_tensor": lambda: dist.reduce_scatter_tensor(torch.zeros(1), ones(world)),
+        "scatter": lambda: dist.scatter(torch.zeros(1), [ones() for _ in range(world)] if rank == 0 else None, 0),
+        "scatter_object_list": lambda: dist.scatter_object_list([None], list(range(world)) if rank == 0 else None, 0),
+        # one rank sends, the next receives (a ring): not symmetric
+        "send/recv": lambda: (
+            (dist.send(ones(), (rank + 1) % world), dist.recv(ones(), (rank - 1) % world))
+            if rank % 2 == 0
+            else (dist.recv(ones(), (rank - 1) % world), dist.send(ones(), (rank + 1) % world))
+        ),
+        "isend/irecv": lambda: [
+            request.wait()
+            for request in (dist.isend(ones(), (rank + 1) % world), dist.irecv(ones(), (rank - 1) % world))
+        ],
+    }
+    recorder = Recorder(rank, world, None)
+    recorder.install()
+    counted = {}
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # torch's deprecated names are called on purpose
+            for name, call in calls.items():
+                before = recorder.total()
+                call()
+                counted[name] = recorder.total() - before
+    finally:
+        recorder.uninstall()
+    return counted
 
 
 def store_connections_across_fits(log_dir: str, world_size: int) -> list[list[int]]:

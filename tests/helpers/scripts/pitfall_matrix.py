@@ -5,7 +5,8 @@ followed by ``+debug`` for ``hang_checks="debug"``:
 
 * pitfall: ``log`` (a synced ``self.log`` under ``if self.trainer.is_global_zero:``), ``metric`` (a torchmetrics metric
   updated and logged there), ``keys`` (``log_dict`` with a key of each rank's own, unguarded), ``log_dir``,
-  ``save_checkpoint``, ``barrier``, ``broadcast``, ``all_gather``, ``all_reduce`` (``torch.distributed``), each under
+  ``save_checkpoint``, ``barrier``, ``broadcast``, ``all_gather``, ``all_reduce``, ``all_gather_single``
+  (``torch.distributed``), each under
   the guard; or ``uneven`` (rank 0 has a batch more in the place's dataloader: ``train``, ``val``, ``test``,
   ``stream``: a train ``IterableDataset``);
 * place: the hook (``training_step``, ``on_train_batch_end``, ``on_train_epoch_end``, ``validation_step``,
@@ -94,6 +95,8 @@ class Pitfalls(L.LightningModule):
             self.all_gather(torch.ones(1))  # pitfall: all_gather
         elif self.pitfall == "all_reduce":
             dist.all_reduce(torch.ones(1))  # pitfall: all_reduce
+        elif self.pitfall == "all_gather_single":  # torch 2.13's name for all_gather_into_tensor
+            dist.all_gather_single(torch.zeros(self.trainer.world_size), torch.ones(1))  # pitfall: all_gather_single
 
     def _loader(self, stage: str) -> DataLoader:
         rank, world = self.trainer.global_rank, self.trainer.world_size
