@@ -1,7 +1,7 @@
 """Each rank's MLflow run: a child run ``rank_<r>`` under the ``MLFlowLogger``'s run (tag ``mlflow.parentRunId``).
 
-The same keys (the logger's prefix, its character rule), steps and tracking URI as the logger; rows are sent in batches
-(every ``flush_every_n_rows`` rows or :data:`WRITE_EVERY_S` seconds, and at each stage's end). See the per-rank docs.
+The same keys (the logger's prefix, its character rule), steps and tracking URI as the logger; rows are sent in batches,
+by the rule of :mod:`~lightning_ext._per_rank.held_rows`, from a thread of the sink. See the per-rank docs.
 """
 
 import re
@@ -14,12 +14,12 @@ from lightning.pytorch.loggers import MLFlowLogger
 from lightning_ext._files.file_output import Output
 from lightning_ext._files.storage import guarded
 from lightning_ext._per_rank.rank_sink import Identity, main_run, metric_key, sink_output, telemetry_values
+from lightning_ext._per_rank.sender import Sender
 from lightning_ext._per_rank.writer import PerRankMetrics
 
-__all__ = ["PARENT_TAG", "WRITE_EVERY_S", "RankMlflowRun", "identity", "sink_for"]
+__all__ = ["PARENT_TAG", "RankMlflowRun", "identity", "sink_for"]
 
 PARENT_TAG = "mlflow.parentRunId"  # MLflow's own tag: the UI nests a run under the run it names
-WRITE_EVERY_S = 10.0  # rows wait at most this long (checked at each row) before they are sent
 _BATCH_LIMIT = 1000  # metrics per log_batch request: MLflow's limit
 _NOT_ALLOWED = re.compile("[^a-zA-Z0-9_/. -]+")  # MLFlowLogger.log_metrics removes these characters from a key
 _CHILDREN: dict[tuple[str, str, int], str] = {}  # (tracking URI, parent run, rank): its child made in this process
@@ -57,8 +57,17 @@ def sink_for(logger: MLFlowLogger, rank: int, options: PerRankMetrics, main: Ide
         output.step_aside(error, "naming the parent run", lambda _: nothing)
         return None
     prefix = f"{logger._prefix}{logger.LOGGER_JOIN_CHAR}" if logger._prefix else ""
-    run = RankMlflowRun(output, main, rank, MlflowClient(main["tracking_uri"]), Metric, prefix=prefix)
-    run.telemetry, run.flush_every_n_rows = options.telemetry, options.flush_every_n_rows
+    client = MlflowClient(main["tracking_uri"])
+    run = RankMlflowRun(
+        output,
+        main,
+        rank,
+        client,
+        Metric,
+        prefix=prefix,
+        telemetry=options.telemetry,
+        every_n_rows=options.flush_every_n_rows,
+    )
     run.open()
     return run
 
@@ -73,21 +82,32 @@ class RankMlflowRun:
         client: an ``MlflowClient`` for the tracking URI.
         metric: MLflow's ``Metric`` class.
         prefix: the logger's prefix and join character, put before each key as the logger does.
+        telemetry: telemetry is on: a user's ``telemetry/...`` metric is escaped, as in the CSV file.
+        every_n_rows: rows held before they are sent (the per-rank ``flush_every_n_rows``).
 
     """
 
-    def __init__(self, output: Output, main: Identity, rank: int, client: Any, metric: Any, *, prefix: str) -> None:
+    def __init__(
+        self,
+        output: Output,
+        main: Identity,
+        rank: int,
+        client: Any,
+        metric: Any,
+        *,
+        prefix: str,
+        telemetry: bool,
+        every_n_rows: int,
+    ) -> None:
         self._output, self._main, self._rank = output, main, rank
         self._client, self._metric, self._prefix = client, metric, prefix
         self.stopped = False
         self.resume_from_step: int | None = None  # MLflow keeps a metric's whole history: nothing is dropped
-        self.telemetry = False
-        self.flush_every_n_rows = 100
+        self.telemetry = telemetry
         self.run_id: str | None = None
         self._keys: dict[str, str] = {}
-        self._pending: list[Any] = []
-        self._rows = 0
-        self._sent_at = time.monotonic()
+        self._every_n_rows = every_n_rows
+        self._sender: Sender[list[Any], list[Any]] | None = None  # each row's metrics; each request's metrics
 
     def open(self) -> None:
         """Find or make the child run (at set-up: one request, or two when the parent run was resumed)."""
@@ -100,6 +120,15 @@ class RankMlflowRun:
                 made = self._client.create_run(main["experiment_id"], run_name=f"rank_{rank}", tags=tags)
                 run_id = made.info.run_id
             _CHILDREN[key] = self.run_id = run_id
+            client = self._client
+            # a request is a file write per value on a file store, a round trip to a tracking server: a thread's
+            self._sender = Sender(
+                lambda metrics: client.log_batch(run_id, metrics=metrics),
+                _requests,
+                client="MLflow's client",
+                name=f"lightning-ext MLflow rank {rank}",
+                every_n_rows=self._every_n_rows,
+            )
         if failure.error is not None:
             self._stop(failure.error, "making the child run")
 
@@ -112,28 +141,31 @@ class RankMlflowRun:
         self._queue(telemetry_values(row), step, lambda name: self._prefix + name)
 
     def flush(self) -> None:
-        """Send the queued values now."""
-        if not self.stopped and self._pending:
-            with guarded() as failure:
-                self._send()
-            if failure.error is not None:
-                self._stop(failure.error, "sending rows")
+        """Hand the values held to the sender, and wait until they are sent (30 s at most)."""
+        sender = self._sender
+        error = None if self.stopped or sender is None else sender.flush()
+        if error is not None:
+            self._stop(error, "sending rows")
 
     def close(self, failed: bool) -> None:
-        """Send the queue and mark the child run ended (``FAILED`` if the stage raised); a later stage logs to it."""
+        """Send what is held and mark the child run ended (``FAILED`` if the stage raised); a later stage logs to it."""
         self.flush()
-        if self.stopped or self.run_id is None:
+        sender, self._sender = self._sender, None
+        if self.stopped or sender is None:
             return
         with guarded() as failure:
+            sender.end()
             self._client.set_terminated(self.run_id, "FAILED" if failed else "FINISHED")
         if failure.error is not None:
             self._stop(failure.error, "ending the child run")
 
     def abandon(self) -> None:
-        """Write nothing more (the values queued so far are local values: they are sent)."""
-        if not self.stopped and self.run_id is not None:
+        """Write nothing more (the values held so far are local values: they are sent)."""
+        sender, self._sender = self._sender, None
+        if not self.stopped and sender is not None:
             with guarded():  # the CSV file's warning says that this rank's output stopped
-                self._send()
+                sender.hand_on()
+                sender.end()
                 self._client.set_terminated(self.run_id, "FAILED")
         self.stopped = True
 
@@ -144,22 +176,18 @@ class RankMlflowRun:
         return key
 
     def _queue(self, values: Mapping[str, float], step: int, key: Callable[[str], str]) -> None:
-        if self.stopped:
+        sender = self._sender
+        if self.stopped or sender is None:
+            return
+        if sender.error is not None:
+            self._stop(sender.error, "sending rows")
             return
         with guarded() as failure:
             stamp = int(time.time() * 1000)
             metric = self._metric
-            self._pending += [metric(key(name), float(value), stamp, step) for name, value in values.items()]
-            self._rows += 1
-            if self._rows >= self.flush_every_n_rows or time.monotonic() - self._sent_at >= WRITE_EVERY_S:
-                self._send()
+            sender.hold([metric(key(name), float(value), stamp, step) for name, value in values.items()])
         if failure.error is not None:
             self._stop(failure.error, "sending rows")
-
-    def _send(self) -> None:
-        pending, self._pending, self._rows, self._sent_at = self._pending, [], 0, time.monotonic()
-        for start in range(0, len(pending), _BATCH_LIMIT):
-            self._client.log_batch(self.run_id, metrics=pending[start : start + _BATCH_LIMIT])
 
     def _find(self) -> str | None:
         """The child of rank ``rank`` that an earlier process made under the resumed parent run, if any."""
@@ -168,9 +196,17 @@ class RankMlflowRun:
         found = self._client.search_runs([main["experiment_id"]], filter_string=query, max_results=1)
         return str(found[0].info.run_id) if found else None
 
-    def _stop(self, error: Exception, doing: str) -> None:
+    def _stop(self, error: BaseException, doing: str) -> None:
         self.stopped = True
-        self._pending = []
+        sender, self._sender = self._sender, None
+        if sender is not None:
+            sender.drop()
         run, where = self.run_id, self._main["tracking_uri"]
         kept = f"Its run {run} in {where} keeps the values sent so far" if run else f"No run was made in {where}"
-        self._output.step_aside(error, doing, lambda _: kept)
+        self._output.step_aside(error, doing, lambda _: kept, sender.end if sender is not None else lambda: None)
+
+
+def _requests(rows: list[list[Any]]) -> list[list[Any]]:
+    """Rows' metrics in requests of at most MLflow's limit."""
+    pending = [metric for row in rows for metric in row]
+    return [pending[start : start + _BATCH_LIMIT] for start in range(0, len(pending), _BATCH_LIMIT)]

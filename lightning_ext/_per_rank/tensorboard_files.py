@@ -1,13 +1,14 @@
 """Each rank's TensorBoard event files: the per-rank rows as scalars in ``<log_dir>/rank_<r>/``, one run per rank.
 
-Written for each ``TensorBoardLogger`` of the trainer, under its ``log_dir``, with its writer, tags and steps, and this
-rank's local values (its CSV file's rows), one event per row. A failure warns once and stops them on that rank only
-(``docs/per-rank-metrics.md``, "TensorBoard").
+Written for each ``TensorBoardLogger`` of the trainer, under its ``log_dir``, with its writer, tags and steps: this
+rank's local values, one event per row, handed on by the rule of :mod:`.held_rows`. A failure warns once and stops
+them on that rank only (``docs/per-rank-metrics.md``, "TensorBoard").
 """
 
 import importlib
 import posixpath
 import struct
+import time
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
@@ -15,6 +16,7 @@ from lightning.fabric.loggers.tensorboard import _TENSORBOARD_AVAILABLE
 from lightning.pytorch.loggers import TensorBoardLogger
 
 from lightning_ext._files.storage import glob_escape, guarded, join, split_location, write_whole
+from lightning_ext._per_rank.held_rows import HeldRows
 from lightning_ext._per_rank.rank_sink import metric_key, sink_output, telemetry_values
 from lightning_ext._per_rank.writer import PerRankMetrics
 
@@ -48,16 +50,25 @@ def sink_for(logger: TensorBoardLogger, rank: int, options: PerRankMetrics, seen
     seen.add(log_dir)
     writer_options = {name: value for name, value in logger._kwargs.items() if name in _WRITER_OPTIONS}
     return RankEventFiles(
-        log_dir, rank, prefix=logger._prefix, writer_options=writer_options, telemetry=options.telemetry
+        log_dir,
+        rank,
+        prefix=logger._prefix,
+        writer_options=writer_options,
+        telemetry=options.telemetry,
+        every_n_rows=options.flush_every_n_rows,
     )
 
 
 class RankEventFiles:
     """This rank's TensorBoard event files (a :class:`~lightning_ext._per_rank.rank_sink.RankSink`); never raises.
 
-    The writer opens on the first row. A run resumed from a checkpoint first drops, from the event files already
-    there, every event after the checkpoint's step (the resumed run logs those steps again), as the CSV file drops its
-    rows: TensorBoard's readers do not drop them by themselves (``tensorboard`` 2.21 ignores a ``purge_step``).
+    The writer opens on the first row. Rows are held and handed to it together (every ``every_n_rows`` rows or
+    :data:`~lightning_ext._per_rank.held_rows.WRITE_EVERY_S` seconds, and at :meth:`flush` and :meth:`close`): its
+    thread then wakes once for them, not once per training step.
+
+    A run resumed from a checkpoint first drops, from the event files already there, every event after the
+    checkpoint's step (the resumed run logs those steps again), as the CSV file drops its rows: TensorBoard's readers
+    do not drop them by themselves (``tensorboard`` 2.21 ignores a ``purge_step``).
 
     Args:
         log_dir: the run's log directory (a path or an fsspec URL the writer accepts).
@@ -66,6 +77,7 @@ class RankEventFiles:
         writer_options: the logger's options for its writer (``max_queue``, ``flush_secs``, ``filename_suffix``).
         telemetry: telemetry is on: a metric of the user's named ``telemetry/...`` becomes ``metric:telemetry/...``,
             as in the CSV file, so that it does not mix with the rank's telemetry.
+        every_n_rows: rows held before they are handed to the writer (the per-rank ``flush_every_n_rows``).
 
     """
 
@@ -77,6 +89,7 @@ class RankEventFiles:
         prefix: str = "",
         writer_options: Mapping[str, Any] | None = None,
         telemetry: bool = False,
+        every_n_rows: int = 100,
     ) -> None:
         self.directory = join(log_dir, RANK_DIRECTORY.format(rank=rank))
         self._prefix = f"{prefix}{TensorBoardLogger.LOGGER_JOIN_CHAR}" if prefix else ""
@@ -85,6 +98,7 @@ class RankEventFiles:
         self._writer: Any = None
         self._file_writer: Any = None
         self._classes: _WriterClasses | None = None
+        self._held = HeldRows[tuple[list[tuple[str, float]], int, float]](every_n_rows)  # (values, step, wall time)
         self.resume_from_step: int | None = None
         self._output = sink_output(self.directory, f"Per-rank TensorBoard events of rank {rank}")
         self.stopped = self._output.stopped
@@ -104,15 +118,22 @@ class RankEventFiles:
         self._write(((self._prefix + name, value) for name, value in telemetry_values(row).items()), step)
 
     def flush(self) -> None:
-        """Wait until the events handed to the writer are in the file."""
+        """Hand the rows held to the writer, and wait until its events are in the file."""
         if self._file_writer is not None and not self.stopped:
             with guarded() as failure:
+                self._hand_on()
                 self._file_writer.flush()
             if failure.error is not None:
                 self._stop(failure.error, "writing events")
 
     def close(self, failed: bool = False) -> None:
-        """Flush and close the event file (the end of each stage); a later row opens a new one."""
+        """Hand the rows held to the writer, flush and close the event file (the end of each stage); a later row
+        opens a new one."""
+        if self._writer is not None and not self.stopped:
+            with guarded() as failure:
+                self._hand_on()
+            if failure.error is not None:
+                self._stop(failure.error, "writing events")
         writer, self._writer, self._file_writer = self._writer, None, None
         if writer is not None and not self.stopped:
             with guarded() as failure:
@@ -134,11 +155,20 @@ class RankEventFiles:
             if self._file_writer is None:
                 self._open(self.resume_from_step, classes)
             doing = "writing a row"
-            scalars = [classes.summary.Value(tag=tag, simple_value=float(value)) for tag, value in values]
-            if scalars:
-                self._file_writer.add_summary(classes.summary(value=scalars), step)
+            scalars = [(tag, float(value)) for tag, value in values]
+            if scalars and self._held.hold((scalars, step, time.time())):
+                self._hand_on()
         if failure.error is not None:
             self._stop(failure.error, doing)
+
+    def _hand_on(self) -> None:
+        """Give the writer one event per row held, each with its row's step and time."""
+        classes, rows = self._classes, self._held.take()
+        if classes is None or self._file_writer is None:  # stopped: nothing is handed on
+            return
+        summary, value, add = classes.summary, classes.summary.Value, self._file_writer.add_summary
+        for scalars, step, wall_time in rows:
+            add(summary(value=[value(tag=tag, simple_value=number) for tag, number in scalars]), step, wall_time)
 
     def _open(self, resumed_from: int | None, classes: "_WriterClasses") -> None:
         if resumed_from is not None:
@@ -159,6 +189,7 @@ class RankEventFiles:
     def _stop(self, error: Exception, doing: str) -> None:
         """Stop this rank's event files for the rest of the process, keeping what was written; warn once."""
         self.stopped = True
+        self._held.take()  # what was not handed on is dropped: the writer cannot take it
         writer, self._writer, self._file_writer = self._writer, None, None
 
         def release() -> None:

@@ -1,13 +1,11 @@
 """Each rank's Weights & Biases run: ``rank_<r>`` in the ``WandbLogger``'s project, grouped by the main run's id.
 
 Made with rank 0's project, entity, directory and mode (offline as online), never as a copy of the main run; the keys
-and the step axis are the logger's (``trainer/global_step``); rows are handed to W&B by a thread of its own.
+and the step axis are the logger's (``trainer/global_step``); rows are handed to W&B by a thread of its own, in batches
+(the rule of :mod:`~lightning_ext._per_rank.held_rows`).
 """
 
-import contextlib
-import queue
-import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from lightning.pytorch.loggers import WandbLogger
@@ -15,13 +13,12 @@ from lightning.pytorch.loggers import WandbLogger
 from lightning_ext._files.file_output import Output
 from lightning_ext._files.storage import guarded
 from lightning_ext._per_rank.rank_sink import Identity, main_run, metric_key, sink_output, telemetry_values
+from lightning_ext._per_rank.sender import Sender
 from lightning_ext._per_rank.writer import PerRankMetrics
 
 __all__ = ["STEP_KEY", "RankWandbRun", "identity", "rank_run_id", "sink_for"]
 
 STEP_KEY = "trainer/global_step"  # WandbLogger's step axis: every row carries it
-_QUEUED = 10_000  # rows waiting for the sender at most: beyond, W&B's client is stuck and the sink stops
-_WAIT_S = 30.0  # a flush or the end waits this long at most for the sender (never a hang, even before an error)
 
 
 def identity(logger: WandbLogger) -> Identity:
@@ -68,7 +65,9 @@ def sink_for(logger: WandbLogger, rank: int, options: PerRankMetrics, main: Iden
         output.step_aside(error, "naming the main run", lambda _: nothing)
         return None
     prefix = f"{logger._prefix}{logger.LOGGER_JOIN_CHAR}" if logger._prefix else ""
-    run = RankWandbRun(output, main, rank, prefix=prefix, telemetry=options.telemetry)
+    run = RankWandbRun(
+        output, main, rank, prefix=prefix, telemetry=options.telemetry, every_n_rows=options.flush_every_n_rows
+    )
     run.open(wandb)
     return run
 
@@ -82,17 +81,21 @@ class RankWandbRun:
         rank: this process's global rank.
         prefix: the logger's prefix and join character, put before each key as the logger does.
         telemetry: telemetry is on: a user's ``telemetry/...`` metric is escaped, as in the CSV file.
+        every_n_rows: rows held before they are handed to the sender (the per-rank ``flush_every_n_rows``).
 
     """
 
-    def __init__(self, output: Output, main: Identity, rank: int, *, prefix: str, telemetry: bool) -> None:
+    def __init__(
+        self, output: Output, main: Identity, rank: int, *, prefix: str, telemetry: bool, every_n_rows: int
+    ) -> None:
         self._output, self._main, self._rank = output, main, rank
         self._prefix, self._telemetry = prefix, telemetry
         self.stopped = False
         self.resume_from_step: int | None = None  # W&B keeps a run's whole history: nothing is dropped
         self.run: Any = None
         self._keys: dict[str, str] = {}
-        self._sender: _Sender | None = None
+        self._every_n_rows = every_n_rows
+        self._sender: Sender[dict[str, float], dict[str, float]] | None = None
 
     def open(self, wandb: Any) -> None:
         """Start (or, for a resumed main run, resume) this rank's run: at set-up, outside the training steps."""
@@ -114,7 +117,14 @@ class RankWandbRun:
             )
             self.run.define_metric(STEP_KEY)  # the logger's step axis, as WandbLogger defines it
             self.run.define_metric("*", step_metric=STEP_KEY, step_sync=True)
-            self._sender = _Sender(self.run.log, self._rank)
+            # run.log costs about 0.1 ms of CPU per row (wandb 0.31): the training thread does not wait for it
+            self._sender = Sender(
+                self.run.log,
+                lambda rows: rows,
+                client="W&B's client",
+                name=f"lightning-ext W&B rank {rank}",
+                every_n_rows=self._every_n_rows,
+            )
         if failure.error is not None:
             self._stop(failure.error, "starting the run")
 
@@ -146,20 +156,18 @@ class RankWandbRun:
         values = {self._prefix + name: value for name, value in telemetry_values(row).items()}
         self._put(sender, {**values, STEP_KEY: step})
 
-    def _put(self, sender: "_Sender", values: dict[str, float]) -> None:
-        try:
-            sender.put(values)
-        except queue.Full:
-            self._stop(RuntimeError(f"W&B's client has not taken the last {_QUEUED} rows"), "logging a row")
+    def _put(self, sender: Sender[dict[str, float], dict[str, float]], values: dict[str, float]) -> None:
+        with guarded() as failure:
+            sender.hold(values)
+        if failure.error is not None:
+            self._stop(failure.error, "logging a row")
 
     def flush(self) -> None:
-        """Wait until every row queued so far is with W&B's own process (:data:`_WAIT_S` at most)."""
+        """Hand the rows held to the sender, and wait until every row is with W&B's own process (30 s at most)."""
         sender = self._sender
-        if self.stopped or sender is None:
-            return
-        sender.wait()
-        if sender.error is not None:
-            self._stop(sender.error, "logging a row")
+        error = None if self.stopped or sender is None else sender.flush()
+        if error is not None:
+            self._stop(error, "logging a row")
 
     def close(self, failed: bool) -> None:
         """Finish the run (a stage that raised marks it failed); a later stage resumes it under the same id."""
@@ -182,6 +190,7 @@ class RankWandbRun:
         if run is not None and not self.stopped:
             with guarded():  # the CSV file's warning says that this rank's output stopped
                 if sender is not None:
+                    sender.hand_on()  # local values: they are sent
                     sender.end()
                 run.finish(exit_code=1)
         self.stopped = True
@@ -189,6 +198,8 @@ class RankWandbRun:
     def _stop(self, error: BaseException, doing: str) -> None:
         self.stopped = True
         sender, self._sender = self._sender, None
+        if sender is not None:
+            sender.drop()
         run, self.run = self.run, None
         name = rank_run_id(self._main["id"], self._rank)
         kept = f"Its run {name} keeps the values logged so far" if run is not None else "No run was made"
@@ -200,44 +211,3 @@ class RankWandbRun:
                 run.finish(exit_code=1)
 
         self._output.step_aside(error, doing, lambda _: kept, release)
-
-
-class _Sender:
-    """Hands the queued rows to W&B's client on a thread of its own: ``run.log`` costs about 0.1 ms of CPU per row
-    (measured with wandb 0.31), which the training thread then does not wait for. The first error stops it."""
-
-    def __init__(self, log: Callable[[dict[str, float]], object], rank: int) -> None:
-        self._log = log
-        self._queue: queue.Queue[dict[str, float] | None] = queue.Queue(_QUEUED)
-        self.error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name=f"lightning-ext W&B rank {rank}", daemon=True)
-        self._thread.start()
-
-    def put(self, values: dict[str, float]) -> None:
-        """Queue a row; ``queue.Full`` when :data:`_QUEUED` rows already wait."""
-        self._queue.put_nowait(values)
-
-    def wait(self) -> None:
-        """Return once every row put so far was handed over (or dropped after an error), or after :data:`_WAIT_S`."""
-        done = self._queue.all_tasks_done
-        with done:
-            done.wait_for(lambda: not self._queue.unfinished_tasks, _WAIT_S)
-
-    def end(self) -> None:
-        """Hand over what is queued, then end the thread (:data:`_WAIT_S` at most; the thread is a daemon)."""
-        with contextlib.suppress(queue.Full):  # a stuck client: the daemon thread is left to the process's end
-            self._queue.put(None, timeout=_WAIT_S)
-        self._thread.join(_WAIT_S)
-
-    def _run(self) -> None:
-        while True:
-            values = self._queue.get()
-            try:
-                if values is None:
-                    return
-                if self.error is None:
-                    self._log(values)
-            except BaseException as error:  # reported by the training thread at its next row
-                self.error = error
-            finally:
-                self._queue.task_done()

@@ -57,6 +57,17 @@ def read_scalars(directory: str | Path) -> Scalars:
     return found
 
 
+def wall_times(directory: str | Path) -> list[tuple[int, float]]:
+    """The step and wall time of every event with a scalar in the event files directly in ``directory``, in order."""
+    found = []
+    for path in event_files(directory):
+        for record in RawEventFileLoader(path).Load():
+            event = Event.FromString(record)
+            if event.summary.value:
+                found.append((event.step, event.wall_time))
+    return found
+
+
 def cells(scalars: Scalars, batches: int, step_columns: set[str], epoch_columns: set[str]) -> dict[Any, Any]:
     """The scalars as metrics_reference cells; each step's epoch is the ``epoch`` scalar logged at that step."""
     epochs: dict[int, set[float]] = {}

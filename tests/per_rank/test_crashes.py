@@ -19,6 +19,7 @@ import pytest
 
 from lightning_ext import RankMetricsError, read_rank_metrics
 from lightning_ext.rank_metrics import RankMetricsWriter, rank_metrics_path
+from tests.helpers.jobs import server_ports
 from tests.helpers.scripts.rank_writer import CRASH_CODE, CRASH_STAGES, FIRST_ROWS, expected_row
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "helpers" / "scripts"
@@ -85,15 +86,22 @@ def test_sigkilled_rank_keeps_every_flushed_row(tmp_path: Path) -> None:
         stderr=subprocess.STDOUT,
         text=True,
         start_new_session=True,
-        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+        # a port below the ephemeral range (Lightning's own pick is an ephemeral one, which an outgoing connection of
+        # another test can take before rank 0 binds it)
+        env={
+            **os.environ,
+            "PYTHONWARNINGS": "ignore",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(server_ports(1)[0]),
+        },
     )
     try:
-        output, _ = process.communicate(timeout=150)
+        output, _ = process.communicate(timeout=240)  # within the 300 s test limit
     except subprocess.TimeoutExpired:  # rank 0 may wait for its dead peer: end the whole job
         os.killpg(process.pid, signal.SIGKILL)
         output, _ = process.communicate()
     killed = tmp_path / "killed.json"
-    assert killed.is_file(), f"rank 1 never reached step {kill_at}:\n{output[-3000:]}"
+    assert killed.is_file(), f"rank 1 never reached step {kill_at}:\n{output[-12000:]}"  # both ranks' output
     report = json.loads(killed.read_text())
     assert report["logged"] == kill_at - 1
     assert report["flushed"] == (kill_at - 1) // flush_every * flush_every

@@ -9,6 +9,7 @@ per logger; the choice of sinks, the batching, a missing package and a failed ma
 from __future__ import annotations
 
 import sys
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -20,7 +21,7 @@ import pytest
 from lightning.pytorch.loggers import CSVLogger, MLFlowLogger, TensorBoardLogger, WandbLogger
 
 from lightning_ext import PerRankMetrics
-from lightning_ext._per_rank import mlflow_runs
+from lightning_ext._per_rank import held_rows, mlflow_runs
 from lightning_ext._per_rank.sinks import run_identities, sinks_for
 from lightning_ext.rank_metrics import RankMetricsWarning
 from tests.helpers.logger_sink_tasks import ENVIRONMENT, EPOCHS, expected, synced
@@ -201,19 +202,61 @@ def test_mlflow_rows_are_sent_in_batches(tmp_path: Path, stores: None, monkeypat
     logger = MLFlowLogger(experiment_name="ranks", tracking_uri=f"file:{tmp_path}/mlruns")
     (sink,) = sinks_for(_trainer(logger), 0, PerRankMetrics(flush_every_n_rows=3), run_identities(_trainer(logger)))
     client = MlflowClient(f"file:{tmp_path}/mlruns")
-    run_id = sink.run_id  # type: ignore[attr-defined]
+    run_id, sender = sink.run_id, sink._sender  # type: ignore[attr-defined]
+    threads: set[str] = set()
+    send = sender._send
+    sender._send = lambda metrics: (threads.add(threading.current_thread().name), send(metrics))
+
+    def sent() -> list[tuple[int, float]]:
+        sender.wait()  # the sender's own wait: what it was handed is sent, the rows held are not
+        return _history(client, run_id, "loss")
+
     sink.log_row({"loss": 1.0}, 0)
     sink.log_row({"loss": 2.0}, 1)
-    assert _history(client, run_id, "loss") == []  # held
+    assert sent() == []  # held
     sink.log_row({"loss": 3.0}, 2)
-    assert _history(client, run_id, "loss") == [(0, 1.0), (1, 2.0), (2, 3.0)]  # every 3 rows
+    assert sent() == [(0, 1.0), (1, 2.0), (2, 3.0)]  # every 3 rows
     now = time.monotonic()
-    monkeypatch.setattr(mlflow_runs.time, "monotonic", lambda: now + mlflow_runs.WRITE_EVERY_S)
+    monkeypatch.setattr(held_rows.time, "monotonic", lambda: now + held_rows.WRITE_EVERY_S)
     sink.log_row({"loss": 4.0}, 3)
-    assert _history(client, run_id, "loss")[-1] == (3, 4.0)  # or after WRITE_EVERY_S seconds
+    assert sent()[-1] == (3, 4.0)  # or after WRITE_EVERY_S seconds
     sink.log_row({"loss": 5.0}, 4)
+    assert sent()[-1] == (3, 4.0)  # held again: the time started anew at the hand-over
     sink.flush()
     assert _history(client, run_id, "loss")[-1] == (4, 5.0)  # and on flush (each stage's end: close)
+    assert threads == {"lightning-ext MLflow rank 0"}  # never the training thread
+
+
+def test_wandb_rows_reach_its_client_in_batches(tmp_path: Path, stores: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("wandb")
+    logger = WandbLogger(project="ranks", save_dir=str(tmp_path), offline=True)
+    (sink,) = sinks_for(_trainer(logger), 1, PerRankMetrics(flush_every_n_rows=3), run_identities(_trainer(logger)))
+    sender = sink._sender  # type: ignore[attr-defined]
+    taken: list[tuple[str, float]] = []
+    log = sender._send
+    sender._send = lambda values: (taken.append((threading.current_thread().name, values["loss"])), log(values))
+
+    def handed() -> list[float]:
+        sender.wait()  # the sender's own wait: what it was handed is with W&B's client, the rows held are not
+        return [loss for _, loss in taken]
+
+    sink.log_row({"loss": 1.0}, 0)
+    sink.log_row({"loss": 2.0}, 1)
+    assert handed() == []  # held
+    sink.log_row({"loss": 3.0}, 2)
+    assert handed() == [1.0, 2.0, 3.0]  # every 3 rows
+    now = time.monotonic()
+    monkeypatch.setattr(held_rows.time, "monotonic", lambda: now + held_rows.WRITE_EVERY_S)
+    sink.log_row({"loss": 4.0}, 3)
+    assert handed()[-1] == 4.0  # or after WRITE_EVERY_S seconds
+    sink.log_row({"loss": 5.0}, 4)
+    sink.flush()
+    assert handed()[-1] == 5.0  # and on flush (each stage's end: close)
+    assert {name for name, _ in taken} == {"lightning-ext W&B rank 1"}  # never the training thread
+    sink.close(False)
+    logger.experiment.finish()
+    (rank_run,) = [run for run in offline_runs(tmp_path / "wandb") if run.name == "rank_1"]
+    assert rank_run.curve("loss") == [(step, step + 1.0) for step in range(5)]
 
 
 @pytest.mark.parametrize("package", ["mlflow", "wandb"])
@@ -265,7 +308,7 @@ def test_a_failing_wandb_client_warns_once_and_the_run_keeps_its_rows(tmp_path: 
     def refuse(values: Any) -> None:
         raise OSError("the W&B service went away")
 
-    sink._sender._log = refuse  # type: ignore[attr-defined]
+    sink._sender._send = refuse  # type: ignore[attr-defined]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         sink.log_row({"loss": 2.0}, 1)
@@ -315,14 +358,15 @@ def test_a_stuck_wandb_client_never_holds_the_training_thread(
     pytest.importorskip("wandb")
     import threading
 
-    from lightning_ext._per_rank import wandb_runs
+    from lightning_ext._per_rank import sender as senders
 
-    monkeypatch.setattr(wandb_runs, "_QUEUED", 3)
-    monkeypatch.setattr(wandb_runs, "_WAIT_S", 0.5)
+    monkeypatch.setattr(senders, "QUEUED", 3)
+    monkeypatch.setattr(senders, "WAIT_S", 0.5)
     logger = WandbLogger(project="ranks", save_dir=str(tmp_path))
-    (sink,) = sinks_for(_trainer(logger), 2, PerRankMetrics(), run_identities(_trainer(logger)))
+    options = PerRankMetrics(flush_every_n_rows=1)  # each row is handed over alone
+    (sink,) = sinks_for(_trainer(logger), 2, options, run_identities(_trainer(logger)))
     release = threading.Event()
-    sink._sender._log = lambda values: release.wait(60)  # type: ignore[attr-defined]
+    sink._sender._send = lambda values: release.wait(60)  # type: ignore[attr-defined]
     start = time.monotonic()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -334,6 +378,37 @@ def test_a_stuck_wandb_client_never_holds_the_training_thread(
     assert time.monotonic() - start < 30  # bounded: only a hang would take this long
     ours = [str(w.message) for w in caught if issubclass(w.category, RankMetricsWarning)]
     assert len(ours) == 1 and ours[0].startswith(
-        "Per-rank W&B run of rank 2 stopped: RuntimeError: W&B's client has not taken the last 3 rows (while logging"
+        "Per-rank W&B run of rank 2 stopped: RuntimeError: W&B's client has not taken the last 3 batches of rows "
+        "(while logging"
     )
     logger.experiment.finish()
+
+
+def test_a_client_stuck_in_one_send_costs_the_run_one_wait_and_says_so(
+    tmp_path: Path, stores: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """MLflow's client hangs in a request, the queue far from full: the flush waits once, then the sink stops with its
+    warning, and the end does not wait again (before: the flush's wait, the end's flush's, then the thread's join)."""
+    pytest.importorskip("mlflow")
+    from lightning_ext._per_rank import sender as senders
+
+    wait_s = 3.0
+    monkeypatch.setattr(senders, "WAIT_S", wait_s)
+    logger = MLFlowLogger(experiment_name="ranks", tracking_uri=f"file:{tmp_path / 'mlruns'}")
+    (sink,) = sinks_for(_trainer(logger), 1, PerRankMetrics(flush_every_n_rows=1), run_identities(_trainer(logger)))
+    release = threading.Event()
+    sink._sender._send = lambda metrics: release.wait(60)  # type: ignore[attr-defined]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        sink.log_row({"loss": 1.0}, 0)  # taken by the thread, which hangs in it
+        start = time.monotonic()
+        sink.flush()
+        sink.close(False)
+        took = time.monotonic() - start
+    release.set()
+    assert wait_s <= took < 2 * wait_s  # one wait; only the repeated waits (3 of them) take two
+    ours = [str(w.message) for w in caught if issubclass(w.category, RankMetricsWarning)]
+    assert len(ours) == 1 and ours[0].startswith(
+        "Per-rank MLflow run of rank 1 stopped: RuntimeError: MLflow's client has not taken the rows of the last flush "
+        "within 3 s (while sending rows)"
+    ), ours

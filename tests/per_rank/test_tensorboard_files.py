@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import threading
+import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +26,7 @@ from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from tensorboard.compat.proto.event_pb2 import Event
 
 from lightning_ext import PerRankMetrics
+from lightning_ext._per_rank import held_rows
 from lightning_ext._per_rank.logger import RankMetricsLogger
 from lightning_ext._per_rank.sinks import sinks_for
 from lightning_ext._per_rank.tensorboard_files import RankEventFiles, events_up_to
@@ -35,7 +37,7 @@ from tests.helpers.per_rank_tasks import BATCHES as TASK_BATCHES
 from tests.helpers.per_rank_tasks import EPOCHS as TASK_EPOCHS
 from tests.helpers.per_rank_tasks import WORLD, expected_rows
 from tests.helpers.per_rank_tasks import run as run_fits
-from tests.helpers.tensorboard_reference import cells, event_files, read_scalars, tensorboard_server
+from tests.helpers.tensorboard_reference import cells, event_files, read_scalars, tensorboard_server, wall_times
 
 
 def _fit(pool: Any, root: Path, script: dict[str, Any], strategy: Any, count: bool = False) -> list[dict[str, Any]]:
@@ -148,6 +150,43 @@ def test_one_writer_per_rank_at_1024_ranks(tmp_path: Path) -> None:
         directory = tmp_path / f"rank_{rank}"
         assert len(event_files(directory)) == len(list(directory.iterdir())) == 1, rank
         assert read_scalars(directory) == {"loss": [(step, rank + step / 4) for step in range(3)]}, rank
+
+
+def test_rows_reach_the_writer_together_each_stamped_with_its_own_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Held until ``every_n_rows`` rows, ``WRITE_EVERY_S`` seconds or a flush; each event keeps its row's time."""
+    events = RankEventFiles(str(tmp_path), 0, every_n_rows=3)
+    directory, logged = tmp_path / "rank_0", []
+
+    def row(step: int) -> None:
+        before = time.time()
+        events.log_row({"loss": float(step)}, step)
+        logged.append((step, before, time.time()))
+
+    def in_file() -> list[tuple[int, float]]:
+        events._file_writer.flush()  # the writer's own flush: what it was handed is in the file, the rows held are not
+        return read_scalars(directory).get("loss", [])
+
+    row(0)
+    time.sleep(0.01)  # apart in time: each event must carry its own row's time, not the hand-over's
+    row(1)
+    assert in_file() == []
+    row(2)
+    assert in_file() == [(0, 0.0), (1, 1.0), (2, 2.0)]
+    now = time.monotonic()
+    monkeypatch.setattr(held_rows.time, "monotonic", lambda: now + held_rows.WRITE_EVERY_S)
+    row(3)
+    assert in_file()[-1] == (3, 3.0)  # due by time
+    row(4)
+    assert in_file()[-1] == (3, 3.0)  # held again: the time started anew at the hand-over
+    events.flush()
+    assert read_scalars(directory)["loss"][-1] == (4, 4.0)
+    events.close()
+    stamps = wall_times(directory)
+    assert [step for step, _ in stamps] == [step for step, _, _ in logged]
+    for (step, stamp), (_, before, after) in zip(stamps, logged, strict=True):
+        assert before <= stamp <= after, step
 
 
 def _rows(events: RankEventFiles, steps: range, offset: float) -> None:
