@@ -38,6 +38,8 @@ _._stop_live_watchdogs
 _._close_writers
 # inspect.signature reads a function's __signature__ (the strategies' generated signatures, strategies/_options.py)
 _.__signature__
+# a column of the straggler verdict's table (Straggler's fields), read by name in the summaries' JSON and CSV
+_.waited_s
 # written to the benchmark's JSON through dataclasses.asdict
 _.mean_us
 _.samples

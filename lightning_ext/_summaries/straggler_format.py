@@ -1,9 +1,4 @@
-"""The straggler verdict and the per-host memory check as text, JSON records or CSV.
-
-Example:
-    >>> print(duration(0.0423), duration(2.5e-5), size(3 * 2**30))
-    42.3 ms 25 µs 3 GiB
-"""
+"""The straggler verdict and the per-host memory check as text, JSON records or CSV."""
 
 import math
 from typing import Any
@@ -11,15 +6,12 @@ from typing import Any
 import pandas as pd
 
 from lightning_ext._summaries.host_memory import HOST_SHARE
-from lightning_ext._summaries.number_format import csv_text, json_value
+from lightning_ext._summaries.number_format import csv_text, duration, json_value, size, step_ranges
 from lightning_ext._summaries.stragglers import CHRONIC, MIN_SHARE, PHASES
 
 __all__ = [
     "RULE",
-    "duration",
     "memory_lines",
-    "size",
-    "step_ranges",
     "stragglers_csv",
     "stragglers_records",
     "stragglers_text",
@@ -33,39 +25,6 @@ RULE = (
 )
 _SPANS_SHOWN = 6
 _NUMBERS = ("cost", "waited_s", "excess_s", "seconds", "others_s")
-
-
-def duration(seconds: float) -> str:
-    """``seconds`` in s, ms or µs, 3 significant digits."""
-    if math.isnan(seconds):
-        return "-"
-    for unit, scale in (("s", 1.0), ("ms", 1e-3)):
-        if abs(seconds) >= scale:
-            return f"{seconds / scale:.3g} {unit}"
-    return f"{seconds / 1e-6:.3g} µs"
-
-
-def size(count: float) -> str:
-    """``count`` bytes in GiB, MiB, KiB or B, 3 significant digits."""
-    if math.isnan(count):
-        return "-"
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(count) >= scale:
-            return f"{count / scale:.3g} {unit}"
-    return f"{count:.0f} B"
-
-
-def step_ranges(spans: tuple[tuple[int, int], ...], *, shown: int | None = None) -> str:
-    """The steps of runs of telemetry rows, as ``"40-42, 97"`` (``shown``: at most that many runs, then how many more).
-
-    Example:
-        >>> step_ranges(((40, 42), (97, 97), (120, 150)), shown=2)
-        '40-42, 97 and 1 more'
-    """
-    parts = [f"{first}" if first == last else f"{first}-{last}" for first, last in spans]
-    if shown is not None and len(parts) > shown:
-        return ", ".join(parts[:shown]) + f" and {len(parts) - shown} more"
-    return ", ".join(parts)
 
 
 def stragglers_text(

@@ -1,14 +1,18 @@
 """The straggler verdict: the rank the others wait for, its phase, chronic or in bursts, what it costs them; pure.
 
 A rank's time per batch is its **wait** for the others (blocked in a collective: ``collectives_s``, ``gradient_wait_s``)
-and its **own time** (the rest, by phase). The rule is :func:`verdict`'s (``docs/per-rank-metrics.md`` states it).
+and its **own time** (the rest, by phase). The rule is :func:`stragglers`' (``docs/per-rank-metrics.md`` states it);
+rank 0's live check runs it without pandas (``docs/internals.md``).
 """
 
+from __future__ import annotations
+
 import warnings
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
-import pandas as pd
 from numpy.typing import NDArray
 
 from lightning_ext._files.csv_format import (
@@ -22,6 +26,9 @@ from lightning_ext._files.csv_format import (
     TIME_COLUMNS,
 )
 
+if TYPE_CHECKING:
+    import pandas as pd
+
 __all__ = [
     "CHRONIC",
     "MIN_HELD",
@@ -29,10 +36,13 @@ __all__ = [
     "PHASES",
     "TIMES",
     "RankTimes",
+    "Straggler",
     "find_stragglers",
     "phase_medians",
     "rank_times",
+    "stragglers",
     "verdict",
+    "window_times",
 ]
 
 MIN_SHARE = 0.05  # what the others lose waiting for a straggler, at least, as a share of the step
@@ -46,6 +56,7 @@ _PHASE_COLUMNS = {"data loading": DATA_WAIT_S, "forward": FORWARD_S, "backward c
                   "optimizer": OPTIMIZER_S}  # fmt: skip
 COLUMNS = ["rank", "phase", "pattern", "cost", "waited_s", "excess_s", "seconds", "others_s", "held", "rows", "spans"]
 Matrix = NDArray[np.float64]
+Spans = tuple[tuple[int, int], ...]  # (first step, last step) of each run of rows
 
 
 @dataclass(frozen=True)
@@ -87,17 +98,42 @@ def rank_times(table: pd.DataFrame, *, warm_up: bool = True) -> RankTimes:
     rows = rows.drop_duplicates(["rank", "step"], keep="last")  # a resumed run's step: its latest row
     if warm_up:
         rows = rows[rows.groupby("rank").cumcount() > 0]
-    ranks = np.unique(rows["rank"].to_numpy(dtype=np.int64))
-    steps, row_of = np.unique(rows["step"].to_numpy(dtype=np.int64), return_inverse=True)
-    column_of = np.searchsorted(ranks, rows["rank"].to_numpy(dtype=np.int64))
+    columns = {name: rows[name].to_numpy(dtype=np.float64) for name in TIMES if name in rows.columns}
+    return _times(rows["rank"].to_numpy(dtype=np.int64), rows["step"].to_numpy(dtype=np.int64), columns)
+
+
+def window_times(windows: Mapping[int, Sequence[tuple[int, Mapping[str, float]]]]) -> RankTimes:
+    """Each rank's latest telemetry rows (``rank -> [(step, {column: seconds})]``, rank 0's live check) as
+    :class:`RankTimes`, every row kept (a rank's later row for a step replaces an earlier one).
+
+    Example:
+        >>> times = window_times({0: [(3, {"telemetry/step_s": 0.05})], 1: [(3, {"telemetry/step_s": 0.07})]})
+        >>> times.ranks.tolist(), times.steps.tolist(), times.step.tolist()
+        ([0, 1], [3], [[0.05, 0.07]])
+
+    """
+    latest = {(rank, step): values for rank, rows in windows.items() for step, values in rows}
+    latest = {key: values for key, values in latest.items() if not np.isnan(values.get(STEP_S, np.nan))}
+    names = [name for name in TIMES if any(name in values for values in latest.values())]
+    rows = list(latest.values())
+    columns = {name: np.array([values.get(name, np.nan) for values in rows], dtype=np.float64) for name in names}
+    ranks = np.array([rank for rank, _ in latest], dtype=np.int64)
+    return _times(ranks, np.array([step for _, step in latest], dtype=np.int64), columns)
+
+
+def _times(rank: NDArray[np.int64], step_of: NDArray[np.int64], columns: dict[str, NDArray[np.float64]]) -> RankTimes:
+    """The matrices of rows given as columns: each row's rank, its step, and its seconds by column."""
+    ranks = np.unique(rank)
+    steps, row_of = np.unique(step_of, return_inverse=True)
+    column_of = np.searchsorted(ranks, rank)
 
     def matrix(name: str) -> Matrix:  # a column the files lack (no collective was timed) counts as 0
         values = np.full((len(steps), len(ranks)), np.nan)
-        values[row_of, column_of] = rows[name].to_numpy(dtype=np.float64) if name in rows.columns else 0.0
+        values[row_of, column_of] = columns.get(name, 0.0)
         return values
 
     step = matrix(STEP_S)
-    if GRADIENT_WAIT_S in rows.columns:
+    if GRADIENT_WAIT_S in columns:
         wait, backward = matrix(COLLECTIVES_S) + matrix(GRADIENT_WAIT_S), matrix(BACKWARD_S)
     else:  # written before the wait was measured: backward held the gradient all-reduce's wait
         wait, backward = matrix(COLLECTIVES_S) + matrix(BACKWARD_S), np.full_like(step, np.nan)
@@ -107,7 +143,30 @@ def rank_times(table: pd.DataFrame, *, warm_up: bool = True) -> RankTimes:
     return RankTimes(ranks, steps, step, wait, phases)
 
 
+class Straggler(NamedTuple):
+    """One straggler of :func:`stragglers` (its fields are :data:`COLUMNS`, described there)."""
+
+    rank: int
+    phase: str
+    pattern: str
+    cost: float
+    waited_s: float
+    excess_s: float
+    seconds: float
+    others_s: float
+    held: int
+    rows: int
+    spans: Spans
+
+
 def verdict(times: RankTimes, *, min_share: float = MIN_SHARE) -> pd.DataFrame:
+    """:func:`stragglers` as a table, a row each (:data:`COLUMNS`)."""
+    import pandas as pd
+
+    return pd.DataFrame(stragglers(times, min_share=min_share), columns=COLUMNS)
+
+
+def stragglers(times: RankTimes, *, min_share: float = MIN_SHARE) -> list[Straggler]:
     """The stragglers among ``times``'s ranks.
 
     In a row, a rank *holds the others back* when the other ranks' median wait exceeds its own by at least
@@ -119,7 +178,7 @@ def verdict(times: RankTimes, *, min_share: float = MIN_SHARE) -> pd.DataFrame:
     those rows, its own time exceeds the others' median the most.
 
     Returns:
-        One row per straggler, the costliest first: ``rank``; ``phase`` (where its extra time goes); ``pattern``
+        One per straggler, the costliest first: ``rank``; ``phase`` (where its extra time goes); ``pattern``
         (``"chronic"`` or ``"bursts"``); ``cost`` (the others' extra wait in the rows where it held them back, as a
         share of their step time over the run); ``waited_s`` (their extra wait per batch in those rows, mean);
         ``excess_s``, ``seconds``, ``others_s`` (its extra time per batch in the phase, its time and the others'
@@ -152,13 +211,12 @@ def verdict(times: RankTimes, *, min_share: float = MIN_SHARE) -> pd.DataFrame:
         seconds = float(np.nanmean(times.phases[phase][rows, index]))
         chronic = count > CHRONIC * int(compared[:, index].sum())
         found.append(
-            [int(times.ranks[index]), phase, "chronic" if chronic else "bursts", float(cost[index]),
-             float(np.mean(waited[rows, index])), totals[phase] / count, seconds, seconds - totals[phase] / count,
-             count, int(compared[:, index].sum()), _spans(times.steps, rows, compared[:, index])]
+            Straggler(int(times.ranks[index]), phase, "chronic" if chronic else "bursts", float(cost[index]),
+                      float(np.mean(waited[rows, index])), totals[phase] / count, seconds,
+                      seconds - totals[phase] / count, count, int(compared[:, index].sum()),
+                      _spans(times.steps, rows, compared[:, index]))
         )  # fmt: skip
-    result = pd.DataFrame(found, columns=COLUMNS)
-    result = result.sort_values(["cost", "rank"], ascending=[False, True], kind="stable")
-    return result.reset_index(drop=True)
+    return sorted(found, key=lambda straggler: (-straggler.cost, straggler.rank))
 
 
 def find_stragglers(table: pd.DataFrame, *, min_share: float = MIN_SHARE) -> pd.DataFrame:
@@ -179,6 +237,7 @@ def find_stragglers(table: pd.DataFrame, *, min_share: float = MIN_SHARE) -> pd.
         ...     rows.append({"rank": 1, "step": step, "telemetry/step_s": 0.05, "telemetry/data_wait_s": 0.041,
         ...                  "telemetry/forward_s": 0.004, "telemetry/backward_s": 0.004,
         ...                  "telemetry/collectives_s": 0.0, "telemetry/gradient_wait_s": 0.001})
+        >>> import pandas as pd
         >>> found = find_stragglers(pd.DataFrame(rows))
         >>> found[["rank", "phase", "pattern", "held", "rows", "spans"]]
            rank         phase  pattern  held  rows      spans
@@ -201,9 +260,6 @@ def phase_medians(table: pd.DataFrame) -> dict[str, float]:
         if per_rank:
             typical[name] = float(np.median(per_rank))
     return typical
-
-
-Spans = tuple[tuple[int, int], ...]
 
 
 def _spans(steps: NDArray[np.int64], held: NDArray[np.bool_], compared: NDArray[np.bool_]) -> Spans:

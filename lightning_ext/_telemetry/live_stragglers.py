@@ -122,17 +122,14 @@ class StragglerWatch:
 
     def judge(self, windows: dict[int, list[WindowRow]], now: float) -> list[str]:
         """The warnings due at ``now`` (monotonic seconds) for every rank's latest telemetry rows, by rank."""
-        # imported here, where telemetry is on: pandas takes seconds to import, on every rank of every run
-        import pandas as pd
+        # no pandas: half a second of the interpreter to import, on this thread, would hold rank 0's training back and
+        # make it the straggler that the check then names (the rule is numpy's; imported here, where telemetry is on)
+        from lightning_ext._summaries.stragglers import stragglers, window_times
 
-        from lightning_ext._summaries.stragglers import rank_times, verdict
-
-        rows = [{"rank": rank, "step": step, **times} for rank, window in windows.items() for step, times in window]
-        if not rows:
+        if not any(windows.values()):
             return []
-        found = verdict(rank_times(pd.DataFrame(rows), warm_up=False))
         due = []
-        for record in found[found["pattern"] == "chronic"].itertuples(index=False):
+        for record in (found for found in stragglers(window_times(windows)) if found.pattern == "chronic"):
             last = self._warned.get(record.rank)
             if last is None or now - last >= self._reminder_s:
                 self._warned[record.rank] = now
@@ -142,7 +139,7 @@ class StragglerWatch:
 
 def warning_text(record: Any, log_dir: str, *, reminder: bool = False) -> str:
     """The warning for one chronic straggler of a window (a row of the verdict)."""
-    from lightning_ext._summaries.straggler_format import duration, step_ranges
+    from lightning_ext._summaries.number_format import duration, step_ranges
 
     again = "still " if reminder else ""
     return (

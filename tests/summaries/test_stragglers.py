@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from lightning_ext._summaries import stragglers as rule
 from lightning_ext._summaries.stragglers import rank_times, verdict
 from lightning_ext.cli import main
 from lightning_ext.rank_metrics import RankMetricsWriter, rank_metrics_path
@@ -55,6 +56,26 @@ def test_the_verdict_is_the_reference_rule(case: tuple[pd.DataFrame, dict[int, l
         )  # fmt: skip
         assert list(record.spans) == reference.spans and record.cost == pytest.approx(reference.cost)
     assert list(found["cost"]) == sorted(found["cost"], reverse=True)
+
+
+@given(telemetry_tables())
+def test_rank_0s_live_check_of_the_same_rows_is_the_reference_rule(
+    case: tuple[pd.DataFrame, dict[int, list[dict[str, float]]]],
+) -> None:
+    """The live check's path (no pandas): each rank's window as its watchdog answers it, the warm-up row left out."""
+    _, samples = case
+    windows = {rank: [(int(row["step"]), {k: v for k, v in row.items() if k != "step"}) for row in rows[1:]]
+               for rank, rows in samples.items()}  # fmt: skip
+    found = rule.stragglers(rule.window_times(windows))
+    expected = stragglers(samples)
+    assert sorted(record.rank for record in found) == sorted(expected)
+    for record in found:
+        reference = expected[record.rank]
+        assert (record.phase, record.pattern, record.held, record.rows) == (
+            reference.phase, reference.pattern, reference.held, reference.rows
+        )  # fmt: skip
+        assert list(record.spans) == reference.spans and record.cost == pytest.approx(reference.cost)
+    assert [record.cost for record in found] == sorted((record.cost for record in found), reverse=True)
 
 
 def _row(rank: int, step: int, *, data: float = 0.001, backward: float = 0.004, wait: float = 0.0) -> dict[str, float]:
@@ -253,7 +274,9 @@ def test_the_share_is_a_keyword_and_the_times_cannot_be_changed() -> None:
           "telemetry/gradient_wait_s": 0.041 - 0.04 * rank} for step in range(4) for rank in range(2)]
     )  # fmt: skip
     times = rank_times(table)
-    for positional in (lambda: find_stragglers(table, 0.1), lambda: verdict(times, 0.1), lambda: rank_times(table, 0)):
+    positionals = (lambda: find_stragglers(table, 0.1), lambda: verdict(times, 0.1),
+                   lambda: rule.stragglers(times, 0.1), lambda: rank_times(table, 0))  # fmt: skip
+    for positional in positionals:
         with pytest.raises(TypeError):
             positional()
     assert find_stragglers(table, min_share=0.1)["rank"].tolist() == [1]

@@ -3,7 +3,7 @@
 The issue's cases: at 2 ranks, rank 1's dataset sleeping 40 ms per sample with batch size 2 is named with its data
 loading; at 4 ranks, a rank whose backward pass computes longer (real matrix products) is named with its backward
 computation; a run where every rank does the same work (their data loading sleeps alike, the noise of a busy machine
-on top) names no rank and warns of none.
+on top, under the rule's floor) names no rank and warns of none.
 """
 
 from __future__ import annotations
@@ -65,8 +65,13 @@ def test_four_ranks_a_slower_backward_computation_is_named(rank_pools: Any, tmp_
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_no_rank_slow_names_no_straggler_and_warns_of_none(rank_pools: Any, tmp_path: Any, world: int) -> None:
-    """Every rank loads each batch in 30 ms (a sleep, as a GPU step leaves the host idle), then computes alike."""
-    results = rank_pools(world).run(TASK, (str(tmp_path),), timeout=300, base=0.03, delay=0.0, batches=24, every=2)
+    """Every rank loads each batch in 100 ms (a sleep, as a GPU step leaves the host idle), then computes alike.
+
+    A loaded 2-core machine delays a rank's few ms of computation by a few ms more, now one rank, now another: at a
+    40 ms step that was over the rule's floor (5% of the step) and a rank was named, rightly by the rule, in 3 of 8
+    fits beside two busy processes; at 110 ms the same load named none in 8 of 8.
+    """
+    results = rank_pools(world).run(TASK, (str(tmp_path),), timeout=300, base=0.1, delay=0.0, batches=24, every=2)
     assert _verdict(results[0]["log_dir"]) == []
     assert all(result["stragglers"] == [] for result in results)
 

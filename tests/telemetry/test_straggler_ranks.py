@@ -8,6 +8,7 @@ is. The steps are timed by telemetry's own instruments on real collectives (``te
 from __future__ import annotations
 
 import statistics
+import sys
 from typing import Any
 
 import pandas as pd
@@ -59,8 +60,13 @@ def test_the_wait_at_the_end_of_each_backward_pass_is_what_ddp_itself_records(ra
     results = rank_pools(2).run("tests.helpers.straggler_tasks:gradient_waits", (1, 0.02), timeout=120)
     for rank, pairs in enumerate(results):
         assert len(pairs) == 7
-        for ours, theirs in pairs[1:]:  # the first: DDP's bucket rebuild
-            assert ours == pytest.approx(theirs, abs=0.0005, rel=0.05), (rank, pairs)
+        differences = [ours - theirs for ours, theirs in pairs[1:]]  # the first: DDP's bucket rebuild
+        # the two agree in the median, to 0.5 ms or 5%; an iteration, to the interpreter's switch interval: our clock is
+        # read in Python once the reducer's C++ has stopped its own, and may wait for another thread's turn with the
+        # GIL (a CI run on a loaded machine saw 1.6 ms against 0.03 ms once in 6 iterations)
+        typical = statistics.median(theirs for _, theirs in pairs[1:])
+        assert statistics.median(differences) == pytest.approx(0.0, abs=max(0.0005, 0.05 * typical)), (rank, pairs)
+        assert all(abs(difference) <= sys.getswitchinterval() for difference in differences), (rank, pairs)
     # who waits, by the medians: on a loaded machine an iteration may find the slow rank waiting for a descheduled one
     waits = [statistics.median(ours for ours, _ in pairs[1:]) for pairs in results]
     assert waits[0] > 0.015 and waits[1] < 0.005, results

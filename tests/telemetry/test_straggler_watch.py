@@ -6,6 +6,9 @@ serves the request at once, so the schedule and the reminders can be driven step
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
 import warnings
 from types import SimpleNamespace
 from typing import Any
@@ -114,3 +117,31 @@ def test_a_warning_found_as_the_fit_ends_is_given_at_teardown() -> None:
         assert caught == []
         watch.stop()
     assert [w.category for w in caught] == [StragglerWarning]
+
+
+def test_rank_0_judges_without_importing_pandas() -> None:
+    """Importing pandas holds the interpreter for about half a second: on rank 0's watchdog thread, during training, it
+    would hold rank 0's steps back (a job that does not import ``PerRankMetrics`` has not imported pandas)."""
+    code = textwrap.dedent(
+        """
+        import sys
+        from types import SimpleNamespace
+        from lightning_ext._telemetry.live_stragglers import StragglerWatch
+
+        def times(data, wait):
+            parts = {"telemetry/data_wait_s": data, "telemetry/forward_s": 0.004, "telemetry/backward_s": 0.004,
+                     "telemetry/optimizer_s": 0.001, "telemetry/collectives_s": 0.0, "telemetry/gradient_wait_s": wait}
+            return {"telemetry/step_s": sum(parts.values()) + 0.001, **parts}
+
+        telemetry = SimpleNamespace(window_rows=list, row_written=None)
+        mailbox = SimpleNamespace(answers={}, handlers={})
+        watch = StragglerWatch(telemetry, mailbox, 0, 2, rows=4, reminder_s=1800.0, log_dir="logs/v0")
+        windows = {0: [(step, times(0.001, 0.04)) for step in range(1, 5)],
+                   1: [(step, times(0.041, 0.0)) for step in range(1, 5)]}
+        (warning,) = watch.judge(windows, now=0.0)
+        print(warning.split(". ")[0], "pandas" in sys.modules)
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "Straggler: the other ranks are waiting for rank 1 False"
