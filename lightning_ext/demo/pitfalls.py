@@ -3,6 +3,7 @@
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -24,10 +25,28 @@ def run_pitfall(pitfall: str, devices: int, out_dir: str, timeout: float = 180.0
     environment = {key: value for key, value in os.environ.items() if key not in _LAUNCH_VARIABLES}
     script = shutil.copy(Path(__file__).with_name("pitfall_model.py"), os.path.join(out_dir, "pitfall_model.py"))
     command = [sys.executable, script, pitfall, out_dir, "--devices", str(devices)]
-    # Lightning's banners stay out of the demo's output; they are shown if the launch itself fails
-    done = subprocess.run(command, env=environment, timeout=timeout, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise RuntimeError(f"the {pitfall} run failed (exit {done.returncode}):\n{done.stdout}{done.stderr}")
+    # Lightning's banners stay out of the demo's output; they are shown if the launch itself fails. A session of its
+    # own: the ranks Lightning's launcher starts are the run's children, and a run past its time ends with all of them
+    run = subprocess.Popen(
+        command,
+        env=environment,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        stdout, stderr = run.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(run.pid, signal.SIGKILL)
+        stdout, stderr = run.communicate()
+        raise RuntimeError(
+            f"The {pitfall} run did not end within {timeout:.0f} s, so its {devices} ranks were stopped; it takes "
+            f"seconds on an idle machine, so run the demo again when this one is less busy. Its output:\n"
+            f"{stdout}{stderr}"
+        ) from None
+    if run.returncode != 0:
+        raise RuntimeError(f"the {pitfall} run failed (exit {run.returncode}):\n{stdout}{stderr}")
     outcomes = []
     for rank in range(devices):
         with open(os.path.join(out_dir, f"rank_{rank}.json"), encoding="utf-8") as file:

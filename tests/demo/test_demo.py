@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+
+from lightning_ext.demo.pitfalls import run_pitfall
 
 pytestmark = pytest.mark.slow
 DEMO_TIMEOUT = 900.0  # seconds: about 25 s on a quiet machine; only a hang, not a loaded machine, ends it
@@ -51,7 +55,9 @@ def test_demo_runs_every_policy_and_prints_the_table(tmp_path: Path) -> None:
     verdict = out.split("a straggler: rank 1's data loading made slow on purpose")[1].split("\n  the same from")[0]
     named = [line for line in verdict.splitlines() if line.startswith("  rank ")]
     assert len(named) == 1 and named[0].startswith("  rank 1 held the others back in "), verdict
-    assert "(chronic): data loading took it " in named[0], verdict
+    # chronic on a quiet machine; in bursts where other processes' delays hide the slow loader in most of the rows
+    # (CI, 4 test workers on 2 cores: 5 of 11 rows). Which rank and phase is not a matter of load
+    assert re.search(r" \((chronic|bursts)\): data loading took it ", named[0]), verdict
     # about the 30 ms per batch the demo's loader sleeps: at least half of it (load only adds to a sleep)
     assert float(named[0].split("data loading took it ")[1].split()[0]) >= 15, verdict  # ms
     assert "  checked: the verdict names rank 1 and its data loading, the rank and phase slowed, alone" in verdict
@@ -67,3 +73,31 @@ def test_demo_runs_every_policy_and_prints_the_table(tmp_path: Path) -> None:
         assert [f"rank {rank}: {error}" in pitfalls for rank in range(2)] == [True, True], pitfalls
     assert pitfalls.count("the same on every rank") == 2, pitfalls
     assert "has 4 batches on rank 0 but 6 on rank 1" in pitfalls and "pitfall_model.py:" in pitfalls, pitfalls
+
+
+def _processes_running(script: Path) -> list[str]:
+    """The command lines of this machine's processes that run ``script`` (the launch, and each rank it started)."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            words = cmdline.read_bytes().split(b"\0")
+        except OSError:  # ended meanwhile
+            continue
+        if str(script).encode() in words:
+            found.append(" ".join(word.decode(errors="replace") for word in words))
+    return found
+
+
+@pytest.mark.timeout(120)
+def test_a_pitfall_run_past_its_time_ends_with_every_rank_and_says_why(tmp_path: Path) -> None:
+    # 8 s: the launch has started its other rank by then on an idle machine (its own imports take seconds)
+    with pytest.raises(RuntimeError) as raised:
+        run_pitfall("uneven_batches", 2, str(tmp_path), timeout=8)
+    assert str(raised.value).splitlines()[0] == (
+        "The uneven_batches run did not end within 8 s, so its 2 ranks were stopped; it takes seconds on an idle "
+        "machine, so run the demo again when this one is less busy. Its output:"
+    )
+    deadline = time.monotonic() + 10  # SIGKILL is sent to all of them; each one's exit takes a moment
+    while (left := _processes_running(tmp_path / "pitfall_model.py")) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert left == []
