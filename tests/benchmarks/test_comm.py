@@ -54,6 +54,9 @@ TRAINING_CONFIGS = (
 TRAINING_SUBJECTS = {  # training_step_cpu/*: a diagnostic, CPU time of the main thread
     f"{prefix}/{config}" for prefix in ("training_step", "training_step_cpu") for config in TRAINING_CONFIGS
 }
+# the smoke run's limit, and so its first test's (which sets the run up): about 4 minutes on a loaded 2-core machine,
+# over 9 in CI on one that ran 3 times slower (2026-11-28: pytest-timeout's 540 s ended it). A limit, not a target
+SMOKE_S = 1200
 ROW_KEYS = {"backend", "device", "world_size", "subject", "median_us", "p90_us", "ratio_to_stock", "collectives"}
 
 
@@ -61,7 +64,7 @@ ROW_KEYS = {"backend", "device", "world_size", "subject", "median_us", "p90_us",
 def smoke(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
     """One ``--smoke`` run of the whole command, in a subprocess, as CI runs it."""
     out = tmp_path_factory.mktemp("bench")
-    process = run_benchmark_smoke("benchmarks.comm", out, timeout=480)  # about 4 minutes on a loaded 2-core machine
+    process = run_benchmark_smoke("benchmarks.comm", out, timeout=SMOKE_S)
     return out, process
 
 
@@ -75,7 +78,7 @@ def test_the_policies_measured_are_the_built_in_ones() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(540)
+@pytest.mark.timeout(SMOKE_S + 60)
 def test_smoke_run_writes_json_markdown_and_png(smoke: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
     out, process = smoke
     assert sorted(path.name for path in out.iterdir()) == ["smoke.json", "smoke.md", "smoke.png"]
@@ -92,7 +95,7 @@ def test_smoke_run_writes_json_markdown_and_png(smoke: tuple[Path, subprocess.Co
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(540)
+@pytest.mark.timeout(SMOKE_S + 60)
 def test_smoke_reports_the_cost_of_one_per_rank_row(smoke: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
     document = _document(smoke[0])
     (cost,) = document["per_rank_cost"]
@@ -117,7 +120,7 @@ def test_smoke_reports_the_cost_of_one_per_rank_row(smoke: tuple[Path, subproces
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(540)
+@pytest.mark.timeout(SMOKE_S + 60)
 def test_smoke_reports_the_cost_of_one_decision_record_row(
     smoke: tuple[Path, subprocess.CompletedProcess[str]],
 ) -> None:
@@ -130,7 +133,7 @@ def test_smoke_reports_the_cost_of_one_decision_record_row(
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(540)
+@pytest.mark.timeout(SMOKE_S + 60)
 def test_smoke_reports_the_stall_reports_cost_per_step(smoke: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
     document = _document(smoke[0])
     (cost,) = document["stall_cost"]
@@ -141,7 +144,7 @@ def test_smoke_reports_the_stall_reports_cost_per_step(smoke: tuple[Path, subpro
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(540)
+@pytest.mark.timeout(SMOKE_S + 60)
 def test_smoke_times_the_barrier_and_the_check_that_replaces_it(
     smoke: tuple[Path, subprocess.CompletedProcess[str]],
 ) -> None:
@@ -159,7 +162,7 @@ def test_smoke_times_the_barrier_and_the_check_that_replaces_it(
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(540)
+@pytest.mark.timeout(SMOKE_S + 60)
 def test_smoke_rows_have_the_schema_and_every_subject(smoke: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
     document = _document(smoke[0])
     meta = document["metadata"]
@@ -181,7 +184,7 @@ def test_smoke_rows_have_the_schema_and_every_subject(smoke: tuple[Path, subproc
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(540)
+@pytest.mark.timeout(SMOKE_S + 60)
 def test_smoke_collectives_are_counted(smoke: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
     document = _document(smoke[0])
     rows = [row for row in document["rows"] if row["device"] == "cpu"]
@@ -223,14 +226,14 @@ def test_smoke_collectives_are_counted(smoke: tuple[Path, subprocess.CompletedPr
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(300)
 def test_a_failing_rank_surfaces_its_traceback() -> None:
     with tempfile.TemporaryDirectory() as workdir, pytest.raises(SessionFailed) as failure:
         run_session(
             SessionSpec("gloo", "tpu", 1),
             Counts(decisions=1, warmup=0, train_steps=1, repeats=1, seed=0),
             workdir=workdir,
-            timeout_s=90,
+            timeout_s=240,  # a limit: a loaded machine that ran 3 times slower passed 90 s starting one rank
             on_progress=lambda _: None,
         )
     message = str(failure.value)

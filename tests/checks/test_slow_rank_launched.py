@@ -26,7 +26,9 @@ pytestmark = (
 )  # launched jobs: minutes of start-up CPU on 2 cores, so make test leaves them to CI (make test-ci)
 
 SCRIPT = REPO / "tests" / "helpers" / "scripts" / "slow_rank_job.py"
-TIMEOUT = 150.0
+# a job's limit against a hang, not a speed target: 25 s on the idle machine, 43-48 s beside 3 busy processes, over
+# 150 s in a fresh-clone CI run (4 test workers, the comm benchmark's smoke run beside it, on a machine 3x slower)
+TIMEOUT = 400.0
 
 
 def _delay(rank: int, phase: str, how: str, seconds: float, batch: int = 1) -> dict[str, Any]:
@@ -99,7 +101,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(4 * TIMEOUT)
+@pytest.mark.timeout(len(CASES) * TIMEOUT)  # the first test runs the fixture: 12 jobs, two at a time
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_a_rank_slower_than_every_threshold_completes_as_stock(name: str, runs: dict[str, Any]) -> None:
     ours, stock = runs[name, "ours"], runs[name, "stock"]

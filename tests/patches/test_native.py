@@ -85,6 +85,7 @@ def _normalise(outcomes: dict[str, Any], work: Path) -> dict[str, Any]:
 
 
 @pytest.mark.ci  # minutes: whole suites and jobs again on the patched copy (make test skips it; CI runs it)
+@pytest.mark.timeout(600)  # a limit: past the default 300 s on a machine that ran 3 times slower (2026-11-28)
 def test_native_seams_give_the_same_results_as_the_runtime_drop_in(patched_site: Path, tmp_path: Path) -> None:
     runtime = _outcomes(tmp_path / "runtime", None)
     native = _outcomes(tmp_path / "native", _native_env(patched_site))
