@@ -88,16 +88,37 @@ def _processes_running(script: Path) -> list[str]:
     return found
 
 
-@pytest.mark.timeout(120)
-def test_a_pitfall_run_past_its_time_ends_with_every_rank_and_says_why(tmp_path: Path) -> None:
-    # 8 s: the launch has started its other rank by then on an idle machine (its own imports take seconds)
+_HELD_RANK = """\
+import os, pathlib, time
+if os.environ.get("LOCAL_RANK") == "1":  # a rank the launch started: say so, then never reach the process group
+    pathlib.Path(os.environ["HELD_RANK_STARTED"]).touch()
+    time.sleep(3600)
+"""
+
+
+@pytest.mark.timeout(180)
+def test_a_pitfall_run_past_its_time_ends_with_every_rank_and_says_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A run that cannot end, whatever the machine's speed: every process of it imports this sitecustomize, and the rank
+    # the launch starts sleeps there, so rank 0 waits for it in the process group (the default 30 min).
+    held = tmp_path / "held"
+    held.mkdir()
+    (held / "sitecustomize.py").write_text(_HELD_RANK, encoding="utf-8")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(held), os.environ.get("PYTHONPATH")])))
+    monkeypatch.setenv("HELD_RANK_STARTED", str(tmp_path / "rank_1_started"))
+    out = tmp_path / "run"
+    started = time.monotonic()
+    # 40 s: the launch imports Lightning, then starts rank 1: 3.0 s idle here, within 40 s on a machine 3 times slower
     with pytest.raises(RuntimeError) as raised:
-        run_pitfall("uneven_batches", 2, str(tmp_path), timeout=8)
+        run_pitfall("uneven_batches", 2, str(out), timeout=40)
     assert str(raised.value).splitlines()[0] == (
-        "The uneven_batches run did not end within 8 s, so its 2 ranks were stopped; it takes seconds on an idle "
+        "The uneven_batches run did not end within 40 s, so its 2 ranks were stopped; it takes seconds on an idle "
         "machine, so run the demo again when this one is less busy. Its output:"
     )
+    assert time.monotonic() - started < 70  # the kill does not wait on the ranks' open pipes
+    assert (tmp_path / "rank_1_started").is_file()  # the launch had started its other rank: it too must be stopped
     deadline = time.monotonic() + 10  # SIGKILL is sent to all of them; each one's exit takes a moment
-    while (left := _processes_running(tmp_path / "pitfall_model.py")) and time.monotonic() < deadline:
+    while (left := _processes_running(out / "pitfall_model.py")) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert left == []
