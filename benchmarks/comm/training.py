@@ -488,6 +488,23 @@ def _logger(config: str, root: str) -> Logger:
     return CSVLogger(root)
 
 
+def _open_mlflow_stores(roots: list[str]) -> None:
+    """Rank 0 opens each fit's MLflow file store before any fit, then the ranks line up (not counted, not timed).
+
+    Every rank builds an ``MLFlowLogger``'s client (stock Lightning), and a new file store writes its default
+    experiment when first opened: two ranks opening it at once can collide on that file (mlflow's ``write_yaml``:
+    "exists as"; docs/internals.md). It ended a full run once, in a stock fit.
+    """
+    if not roots:
+        return
+    if torch.distributed.get_rank() == 0:
+        from mlflow.tracking import MlflowClient  # an extra: only the MLflow configurations need it
+
+        for root in roots:
+            MlflowClient(f"file:{root}/mlruns")
+    torch.distributed.barrier()
+
+
 def run_training(
     *,
     world_size: int,
@@ -520,6 +537,11 @@ def run_training(
         step_cpu_ns={config: [] for config in configs},
         sync_ns={config: [] for config in configs},
         row_loops=row_loops,
+    )
+    mlflow = [config for config in configs if config.removeprefix("stock_") == "mlflow"]
+    _open_mlflow_stores(
+        [os.path.join(workdir, f"count-{config}") for config in mlflow]
+        + [os.path.join(workdir, f"time-{config}-{repeat}") for config in mlflow for repeat in range(repeats)]
     )
     for config in configs:
         with count_collectives() as counts:
