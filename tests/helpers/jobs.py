@@ -41,10 +41,12 @@ def run_benchmark_smoke(module: str, out: Path, timeout: float) -> subprocess.Co
 
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+    """A job's master port: one of :func:`server_ports`, never one the system may hand to an outgoing connection.
+
+    It was the system's pick (a bind to port 0, in the ephemeral range): a connection opened by another test before
+    the job's rank 0 bound it took it, and the job ended in ``EADDRINUSE`` (CI, 2026-11-29).
+    """
+    return server_ports(1)[0]
 
 
 _HANDED_OUT: set[int] = set()  # every port server_ports gave in this process: never given twice

@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers.jobs import REPO, Job, StaggeredJobs, clean_env, two_node_torchrun
+from tests.helpers.jobs import REPO, Job, StaggeredJobs, clean_env, free_port, two_node_torchrun
 
 pytestmark = (
     pytest.mark.ci
@@ -82,7 +82,11 @@ def run_job(kind: str, strategy: str, root: Path, launcher: str) -> tuple[list[J
     auto = {"STALL_TIMEOUT": "auto", "PG_TIMEOUT": str(timeout)} if timeout else {}
     if launcher == "torchrun":
         return two_node_torchrun(args, clean_env(LAUNCHER="torchrun", NUM_NODES="2"), log_dir), log_dir
-    return [Job([sys.executable, *args], clean_env(LAUNCHER=launcher, **auto), log_dir / "job.log")], log_dir
+    # a port of our own: Lightning's pick is the system's (the ephemeral range), and another test's connection took it
+    port = str(free_port())
+    return [
+        Job([sys.executable, *args], clean_env(LAUNCHER=launcher, MASTER_PORT=port, **auto), log_dir / "job.log")
+    ], log_dir
 
 
 def finish(kind: str, root: Path, launcher: str) -> tuple[dict[str, Any], Path, str]:
